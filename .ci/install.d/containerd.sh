@@ -1,0 +1,59 @@
+#!/bin/bash
+# Installs what the snapshotter's tests need (sourced by .ci/run as root on Debian 12):
+#   apt:  runc, busybox-static, xfsprogs, e2fsprogs
+#   Go:   containerd, ctr, containerd-shim-runc-v2 at CUBE_CONTAINERD_VERSION in /usr/local/bin
+#         crictl (cri-tools) at CUBE_CRICTL_VERSION in /usr/local/bin (the shim's CRI e2e test)
+# Idempotent: binaries already at the pinned version are not rebuilt. The build
+# (1.5-3 min) goes through the Go module proxy only.
+# Runs in a subshell so `set -e` and variables do not leak into the sourcing shell.
+(
+	set -euo pipefail
+	version=${CUBE_CONTAINERD_VERSION:-v2.4.2}
+	bindir=${CUBE_CONTAINERD_BINDIR:-/usr/local/bin}
+
+	need_apt=()
+	for pkg in runc busybox-static xfsprogs e2fsprogs; do
+		dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
+	done
+	if ((${#need_apt[@]})); then
+		echo "containerd.sh: apt-get install ${need_apt[*]}"
+		apt-get update -qq
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+	fi
+
+	have_version() { # prints nothing, exit 0 if $1 reports the pinned version
+		[[ -x $1 ]] && "$1" --version 2>/dev/null | grep -q " ${version#v}\([+ ]\|$\)"
+	}
+	shim_ok() {
+		[[ -x $bindir/containerd-shim-runc-v2 ]] &&
+			"$bindir/containerd-shim-runc-v2" -v 2>/dev/null | grep -q "Version: *${version#v}"
+	}
+	export PATH=$PATH:/usr/local/go/bin
+	tmp=$(mktemp -d)
+	trap 'rm -rf "$tmp"' EXIT
+
+	# crictl: `go install` leaves its version "unknown"; the -X flag makes
+	# `crictl --version` report it, so a rerun sees it is there.
+	crictl_version=${CUBE_CRICTL_VERSION:-v1.37.0}
+	if [[ -x $bindir/crictl ]] && "$bindir/crictl" --version 2>/dev/null | grep -q " ${crictl_version}$"; then
+		echo "containerd.sh: crictl $crictl_version already in $bindir"
+	else
+		echo "containerd.sh: building crictl $crictl_version (go install)"
+		GOBIN=$tmp go install -ldflags "-X sigs.k8s.io/cri-tools/pkg/version.Version=$crictl_version" \
+			"sigs.k8s.io/cri-tools/cmd/crictl@$crictl_version"
+		install -m 0755 "$tmp/crictl" "$bindir/"
+		"$bindir/crictl" --version
+	fi
+
+	if have_version "$bindir/containerd" && have_version "$bindir/ctr" && shim_ok; then
+		echo "containerd.sh: containerd $version already in $bindir"
+		exit 0
+	fi
+	echo "containerd.sh: building containerd $version (go install, takes a few minutes)"
+	GOBIN=$tmp go install \
+		"github.com/containerd/containerd/v2/cmd/containerd@$version" \
+		"github.com/containerd/containerd/v2/cmd/ctr@$version" \
+		"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$version"
+	install -m 0755 "$tmp/containerd" "$tmp/ctr" "$tmp/containerd-shim-runc-v2" "$bindir/"
+	"$bindir/containerd" --version
+)

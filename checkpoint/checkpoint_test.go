@@ -1,0 +1,235 @@
+package checkpoint
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func testManifest() *Manifest {
+	return &Manifest{
+		Shape: Shape{VCPUs: 2, MemoryMiB: 1, Disks: []Disk{
+			{Serial: "root", ReadOnly: true, Size: 4096, Source: "/img/root"},
+			{Serial: "data", Size: 8192, File: "disk-1.img", Source: "/img/data"},
+		}},
+		Components: Components{KernelSHA256: "k", InitrdSHA256: "i", VMMVersion: "v1", AgentVersion: "a1"},
+		Memory:     []MemoryLayer{{File: MemoryName, Size: 1 << 20}},
+	}
+}
+
+// writeSnapshot makes a complete snapshot in dir/name and returns its path.
+func writeSnapshot(t *testing.T, dir string) (string, []byte) {
+	t.Helper()
+	disk := filepath.Join(dir, "data.img")
+	if err := os.WriteFile(disk, bytes.Repeat([]byte{7}, 8192), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	snap := filepath.Join(dir, "snap")
+	w, err := Create(snap, 2<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Abort()
+	mem := make([]byte, 1<<20)
+	copy(mem[5*PageSize:], "hello")
+	mem[len(mem)-1] = 1
+	f, err := w.CreateFile(MemoryName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := WriteFull(f, [][]byte{mem[:512<<10], mem[512<<10:]})
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 2*PageSize {
+		t.Errorf("wrote %d bytes of memory, want 2 pages (the rest are zero holes)", n)
+	}
+	if _, _, err := w.CloneDisk(disk, "disk-1.img"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(snap); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("final directory visible before commit: %v", err)
+	}
+	if err := w.Commit(testManifest(), []byte("state payload")); err != nil {
+		t.Fatal(err)
+	}
+	return snap, mem
+}
+
+func TestRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	snap, mem := writeSnapshot(t, dir)
+	s, err := Open(snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(s.State) != "state payload" {
+		t.Errorf("state %q", s.State)
+	}
+	got, err := os.ReadFile(s.Path(MemoryName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, mem) {
+		t.Error("memory file differs from memory")
+	}
+	if err := s.Manifest.Check(testManifest().Shape, testManifest().Components); err != nil {
+		t.Errorf("check against the same shape: %v", err)
+	}
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if strings.Contains(e.Name(), ".tmp-") {
+			t.Errorf("temporary %s left behind", e.Name())
+		}
+	}
+	if _, err := Create(snap, 0); err == nil {
+		t.Error("Create over an existing snapshot succeeded")
+	}
+}
+
+func TestAbortLeavesNothing(t *testing.T) {
+	dir := t.TempDir()
+	w, err := Create(filepath.Join(dir, "s"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, _ := w.CreateFile(MemoryName)
+	f.Write([]byte("partial"))
+	f.Close()
+	w.Abort()
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("abort left %v", entries)
+	}
+}
+
+func TestNotEnoughSpace(t *testing.T) {
+	_, err := Create(filepath.Join(t.TempDir(), "s"), 1<<62)
+	if err == nil || !strings.Contains(err.Error(), "free") {
+		t.Fatalf("want a free-space refusal, got %v", err)
+	}
+}
+
+func TestRefusals(t *testing.T) {
+	cases := []struct {
+		name   string
+		damage func(t *testing.T, snap string)
+		want   error
+	}{
+		{"newer version", func(t *testing.T, snap string) {
+			edit(t, filepath.Join(snap, ManifestName), `"format_version": 1`, `"format_version": 2`)
+		}, ErrVersion},
+		{"unknown state version", func(t *testing.T, snap string) {
+			p := filepath.Join(snap, StateName)
+			b, _ := os.ReadFile(p)
+			b[8] = 9
+			os.WriteFile(p, b, 0o600)
+		}, ErrVersion},
+		{"state checksum", func(t *testing.T, snap string) {
+			p := filepath.Join(snap, StateName)
+			b, _ := os.ReadFile(p)
+			b[stateHeader] ^= 1
+			os.WriteFile(p, b, 0o600)
+		}, ErrChecksum},
+		{"truncated state", func(t *testing.T, snap string) {
+			p := filepath.Join(snap, StateName)
+			b, _ := os.ReadFile(p)
+			os.WriteFile(p, b[:len(b)-3], 0o600)
+		}, ErrTruncated},
+		{"truncated memory", func(t *testing.T, snap string) {
+			os.Truncate(filepath.Join(snap, MemoryName), 4096)
+		}, ErrTruncated},
+		{"truncated disk copy", func(t *testing.T, snap string) {
+			os.Truncate(filepath.Join(snap, "disk-1.img"), 100)
+		}, ErrTruncated},
+		{"escaping file name", func(t *testing.T, snap string) {
+			edit(t, filepath.Join(snap, ManifestName), `"file": "disk-1.img"`, `"file": "../../etc/passwd"`)
+		}, ErrCorrupt},
+		{"no manifest", func(t *testing.T, snap string) {
+			os.Remove(filepath.Join(snap, ManifestName))
+		}, os.ErrNotExist},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			snap, _ := writeSnapshot(t, t.TempDir())
+			c.damage(t, snap)
+			_, err := Open(snap)
+			if !errors.Is(err, c.want) {
+				t.Fatalf("Open: %v, want %v", err, c.want)
+			}
+			t.Log(err)
+		})
+	}
+}
+
+func TestCheckMismatch(t *testing.T) {
+	m := testManifest()
+	for name, mod := range map[string]func(*Shape, *Components){
+		"vcpus":     func(s *Shape, c *Components) { s.VCPUs = 1 },
+		"memory":    func(s *Shape, c *Components) { s.MemoryMiB = 2 },
+		"disks":     func(s *Shape, c *Components) { s.Disks = s.Disks[:1] },
+		"disk size": func(s *Shape, c *Components) { s.Disks[1].Size = 1 },
+		"kernel":    func(s *Shape, c *Components) { c.KernelSHA256 = "other" },
+		"vmm":       func(s *Shape, c *Components) { c.VMMVersion = "v2" },
+		"agent":     func(s *Shape, c *Components) { c.AgentVersion = "a2" },
+	} {
+		s, c := testManifest().Shape, testManifest().Components
+		mod(&s, &c)
+		if err := m.Check(s, c); !errors.Is(err, ErrMismatch) {
+			t.Errorf("%s: %v, want a mismatch", name, err)
+		} else {
+			t.Logf("%s: %v", name, err)
+		}
+	}
+}
+
+func TestDiffAndRuns(t *testing.T) {
+	mem := make([]byte, 16*PageSize)
+	for i := range mem {
+		mem[i] = byte(i/PageSize + 1)
+	}
+	dirty := []uint64{1<<2 | 1<<3 | 1<<9}
+	f, err := os.Create(filepath.Join(t.TempDir(), "diff"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	n, err := WriteDiff(f, [][]byte{mem[:8*PageSize], mem[8*PageSize:]}, dirty)
+	if err != nil || n != 3*PageSize {
+		t.Fatalf("WriteDiff: %d, %v", n, err)
+	}
+	got := make([]byte, len(mem))
+	f.ReadAt(got, 0)
+	for p := 0; p < 16; p++ {
+		want := byte(0)
+		if dirty[0]&(1<<p) != 0 {
+			want = byte(p + 1)
+		}
+		if got[p*PageSize] != want {
+			t.Errorf("page %d: %d, want %d", p, got[p*PageSize], want)
+		}
+	}
+	runs := Runs(dirty, 16)
+	if len(runs) != 2 || runs[0] != [2]int64{2, 4} || runs[1] != [2]int64{9, 10} {
+		t.Errorf("runs %v", runs)
+	}
+	w, err := DecodeBitmap(EncodeBitmap(dirty))
+	if err != nil || w[0] != dirty[0] {
+		t.Errorf("bitmap round trip: %v %v", w, err)
+	}
+}
+
+func edit(t *testing.T, p, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(b, []byte(from)) {
+		t.Fatalf("%s has no %q:\n%s", p, from, b)
+	}
+	os.WriteFile(p, bytes.Replace(b, []byte(from), []byte(to), 1), 0o600)
+}

@@ -1,0 +1,360 @@
+package container
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"syscall"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+// Starter forks a child through the agent's reaper: start returns the pid,
+// the Starter registers it and returns a channel that receives its exit.
+// (The reaper's Start fits; the type is generic to avoid an import.)
+type Starter[E any] func(start func() (int, error)) (int, <-chan E, error)
+
+// SpawnOptions describe one process to prepare.
+type SpawnOptions struct {
+	// Helper is the agent binary to re-execute; default /proc/self/exe.
+	Helper string
+	Mode   Mode
+	// Spec (create) or Process (exec).
+	Spec    *specs.Spec
+	Process *specs.Process
+	Rootfs  string
+	// InitPid is the container's init pid; exec joins its namespaces.
+	InitPid int
+	// Stdio for the child: nil means /dev/null. With Terminal they are
+	// ignored: the helper opens a pty inside the container (its own devpts,
+	// so the terminal has a name there, as with runc), makes the slave its
+	// stdio and controlling terminal, and hands the master back
+	// (Prepared.Console).
+	Stdin, Stdout, Stderr *os.File
+	Terminal              bool
+	// CgroupFD, when > 0, is a cgroup2 directory the child is forked into.
+	CgroupFD int
+}
+
+// Prepared is a helper parked right before execve.
+type Prepared[E any] struct {
+	Pid int
+	// RootSwitch is "pivot_root", "move+chroot" (weaker: / was an
+	// initramfs) or "" (exec).
+	RootSwitch string
+	// Console is the pty master of a Terminal process (nil otherwise); the
+	// caller owns it.
+	Console *os.File
+	Exited  <-chan E
+	start   *os.File
+	status  *bufio.Reader
+	statF   *os.File
+}
+
+// Prepare forks the helper and waits until it has set everything up. On
+// error nothing is left running (the helper exited by itself).
+func Prepare[E any](o SpawnOptions, starter Starter[E]) (*Prepared[E], error) {
+	cfg := InitConfig{Mode: o.Mode, Rootfs: o.Rootfs, Spec: o.Spec, Process: o.Process}
+	var cloneFlags uintptr
+	pidNs := ""
+	switch o.Mode {
+	case ModeCreate:
+		if o.Spec == nil {
+			return nil, invalidf("create without spec")
+		}
+		cfg.Process = o.Spec.Process
+		cloneFlags = CloneFlags(o.Spec)
+		for _, ns := range o.Spec.Linux.Namespaces {
+			if ns.Path == "" {
+				continue
+			}
+			if ns.Type == specs.PIDNamespace {
+				pidNs = ns.Path
+			} else {
+				cfg.Join = append(cfg.Join, NsJoin{Type: ns.Type, Path: ns.Path})
+			}
+		}
+	case ModeExec:
+		if o.Process == nil || o.InitPid <= 0 {
+			return nil, invalidf("exec without process or container pid")
+		}
+		joins, pidPath, err := namespacesOf(o.InitPid)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Join, pidNs = joins, pidPath
+	default:
+		return nil, invalidf("unknown mode %q", o.Mode)
+	}
+	payload, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("encode init config: %w", err)
+	}
+
+	var closeAfter []*os.File
+	defer func() {
+		for _, f := range closeAfter {
+			f.Close()
+		}
+	}()
+	pipe := func() (r, w *os.File, err error) {
+		r, w, err = os.Pipe()
+		if err != nil {
+			return nil, nil, fmt.Errorf("pipe: %w", err)
+		}
+		return r, w, nil
+	}
+	cfgR, cfgW, err := pipe()
+	if err != nil {
+		return nil, err
+	}
+	closeAfter = append(closeAfter, cfgR)
+	statR, statW, err := pipe()
+	if err != nil {
+		cfgW.Close()
+		return nil, err
+	}
+	closeAfter = append(closeAfter, statW)
+	startR, startW, err := pipe()
+	if err != nil {
+		cfgW.Close()
+		statR.Close()
+		return nil, err
+	}
+	closeAfter = append(closeAfter, startR)
+	extra := []*os.File{cfgR, statW, startR} // fds 3, 4, 5
+	var console *os.File                     // our end of the console socket
+	if o.Terminal {
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			cfgW.Close()
+			statR.Close()
+			startW.Close()
+			return nil, fmt.Errorf("console socketpair: %w", err)
+		}
+		console = os.NewFile(uintptr(fds[0]), "console-socket")
+		child := os.NewFile(uintptr(fds[1]), "console-socket-child")
+		closeAfter = append(closeAfter, child, console)
+		extra = append(extra, child) // fd 6
+	}
+
+	helper := o.Helper
+	if helper == "" {
+		helper = "/proc/self/exe"
+	}
+	devNull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open /dev/null: %w", err)
+	}
+	closeAfter = append(closeAfter, devNull)
+	orNull := func(f *os.File) *os.File {
+		if f == nil {
+			return devNull
+		}
+		return f
+	}
+	cmd := &exec.Cmd{
+		Path:       helper,
+		Args:       []string{InitArg0},
+		Env:        []string{},
+		Stdin:      orNull(o.Stdin),
+		Stdout:     orNull(o.Stdout),
+		Stderr:     orNull(o.Stderr),
+		ExtraFiles: extra,
+		SysProcAttr: &syscall.SysProcAttr{
+			Cloneflags: cloneFlags,
+			// A session leader without a terminal: the helper takes its pty as controlling terminal.
+			Setsid:      true,
+			UseCgroupFD: o.CgroupFD > 0,
+			CgroupFD:    o.CgroupFD,
+			// No Pdeathsig: it fires when the forking *thread* exits, which
+			// the pid-namespace path below does on purpose.
+		},
+	}
+	startFn := func() (int, error) {
+		if err := cmd.Start(); err != nil {
+			return 0, fmt.Errorf("start container helper: %w", err)
+		}
+		pid := cmd.Process.Pid
+		cmd.Process.Release()
+		return pid, nil
+	}
+	var (
+		pid    int
+		exited <-chan E
+	)
+	if pidNs != "" {
+		// Joining a pid namespace only affects children forked afterwards by
+		// this thread: fork on a dedicated locked thread that then dies.
+		errc := make(chan error, 1)
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
+			fd, err := unix.Open(pidNs, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				errc <- fmt.Errorf("open pid namespace %s: %w", pidNs, err)
+				return
+			}
+			defer unix.Close(fd)
+			if err := unix.Setns(fd, unix.CLONE_NEWPID); err != nil {
+				errc <- fmt.Errorf("setns pid namespace %s: %w", pidNs, err)
+				return
+			}
+			pid, exited, err = starter(startFn)
+			errc <- err
+		}()
+		err = <-errc
+	} else {
+		pid, exited, err = starter(startFn)
+	}
+	if err != nil {
+		cfgW.Close()
+		statR.Close()
+		startW.Close()
+		return nil, err
+	}
+	// The spec can exceed a pipe buffer; the helper reads it concurrently.
+	go func() {
+		cfgW.Write(payload)
+		cfgW.Close()
+	}()
+	p := &Prepared[E]{Pid: pid, Exited: exited, start: startW, statF: statR, status: bufio.NewReader(statR)}
+	m, err := p.readStatus()
+	if err != nil {
+		p.close()
+		return nil, err
+	}
+	if m == nil || m.Stage != "ready" {
+		p.close()
+		return nil, fmt.Errorf("container helper exited before it was ready")
+	}
+	p.RootSwitch = m.RootSwitch
+	if console != nil {
+		// The helper sent the master before "ready": it is queued on the socket.
+		if p.Console, err = recvConsole(console); err != nil {
+			p.Abort()
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+// recvConsole receives the pty master the helper sent on the console socket.
+func recvConsole(sock *os.File) (*os.File, error) {
+	buf := make([]byte, 1)
+	oob := make([]byte, unix.CmsgSpace(4))
+	_, oobn, _, _, err := unix.Recvmsg(int(sock.Fd()), buf, oob, unix.MSG_CMSG_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("receive the container's terminal: %w", err)
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		return nil, fmt.Errorf("receive the container's terminal: no file descriptor in the message (%v)", err)
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(fds) != 1 {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return nil, fmt.Errorf("receive the container's terminal: want 1 file descriptor, got %d (%v)", len(fds), err)
+	}
+	// Non-blocking so the runtime poller serves reads and Close interrupts them.
+	if err := unix.SetNonblock(fds[0], true); err != nil {
+		unix.Close(fds[0])
+		return nil, fmt.Errorf("container terminal: %w", err)
+	}
+	return os.NewFile(uintptr(fds[0]), "/dev/ptmx"), nil
+}
+
+// readStatus returns the next status message, nil at EOF, or the helper's
+// error as an error.
+func (p *Prepared[E]) readStatus() (*statusMsg, error) {
+	line, err := p.status.ReadBytes('\n')
+	if len(line) == 0 && err != nil {
+		return nil, nil
+	}
+	var m statusMsg
+	if err := json.Unmarshal(line, &m); err != nil {
+		return nil, fmt.Errorf("container helper status %q: %w", line, err)
+	}
+	if m.Stage == "error" {
+		return nil, helperError(m)
+	}
+	return &m, nil
+}
+
+func helperError(m statusMsg) error {
+	switch m.Kind {
+	case "invalid":
+		return fmt.Errorf("%w: %s", ErrInvalid, trimKind(m.Error, ErrInvalid))
+	case "notfound":
+		return fmt.Errorf("%w: %s", ErrNotFound, trimKind(m.Error, ErrNotFound))
+	}
+	return errors.New(m.Error)
+}
+
+func trimKind(s string, kind error) string {
+	prefix := kind.Error() + ": "
+	if len(s) >= len(prefix) && s[:len(prefix)] == prefix {
+		return s[len(prefix):]
+	}
+	return s
+}
+
+// Start lets the helper execve and reports whether that succeeded.
+func (p *Prepared[E]) Start() error {
+	defer p.close()
+	if _, err := p.start.Write([]byte{1}); err != nil {
+		return fmt.Errorf("signal start: %w", err)
+	}
+	p.start.Close()
+	// execve closes the status pipe (CLOEXEC): EOF means the command runs.
+	_, err := p.readStatus()
+	return err
+}
+
+// Abort drops a prepared process without running it.
+func (p *Prepared[E]) Abort() {
+	p.close()
+	unix.Kill(p.Pid, unix.SIGKILL)
+}
+
+func (p *Prepared[E]) close() {
+	p.start.Close()
+	p.statF.Close()
+}
+
+// namespacesOf lists the namespaces of pid that differ from ours: those an
+// exec must join. The pid namespace is returned apart.
+func namespacesOf(pid int) (joins []NsJoin, pidNs string, err error) {
+	for _, t := range []specs.LinuxNamespaceType{specs.IPCNamespace, specs.UTSNamespace, specs.NetworkNamespace, specs.CgroupNamespace, specs.PIDNamespace, specs.MountNamespace} {
+		name := nsProcName[t]
+		theirs := fmt.Sprintf("/proc/%d/ns/%s", pid, name)
+		a, err := os.Readlink(theirs)
+		if err != nil {
+			return nil, "", fmt.Errorf("%w: namespaces of container process %d: %v", ErrNotFound, pid, err)
+		}
+		b, err := os.Readlink("/proc/self/ns/" + name)
+		if err != nil {
+			return nil, "", fmt.Errorf("read own %s namespace: %w", name, err)
+		}
+		if a == b {
+			continue
+		}
+		if t == specs.PIDNamespace {
+			pidNs = theirs
+		} else {
+			joins = append(joins, NsJoin{Type: t, Path: theirs})
+		}
+	}
+	return joins, pidNs, nil
+}
+
+var nsProcName = map[specs.LinuxNamespaceType]string{
+	specs.IPCNamespace: "ipc", specs.UTSNamespace: "uts", specs.NetworkNamespace: "net",
+	specs.CgroupNamespace: "cgroup", specs.PIDNamespace: "pid", specs.MountNamespace: "mnt",
+}

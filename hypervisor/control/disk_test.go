@@ -1,0 +1,79 @@
+package control
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// diskVM records disk-set calls; serial "bad" fails like a VMM would.
+type diskVM struct {
+	fakeVM
+	calls []string
+}
+
+func (d *diskVM) SetDisk(serial, path string) (json.RawMessage, error) {
+	if serial == "bad" {
+		return nil, fmt.Errorf("set disk %q: no such disk", serial)
+	}
+	d.calls = append(d.calls, serial+"="+path)
+	return json.Marshal(map[string]any{"serial": serial, "path": path, "sectors": 8})
+}
+
+func TestDiskSet(t *testing.T) {
+	vm := &diskVM{fakeVM: fakeVM{state: "running", stopped: make(chan struct{})}}
+	path := filepath.Join(t.TempDir(), "ctl.sock")
+	s, err := Listen(path, vm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c, err := Dial(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	res, err := c.SetDisk("cube-slot-1", "/img/a.img")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Serial, Path string
+		Sectors      uint64
+	}
+	if err := json.Unmarshal(res, &got); err != nil || got.Serial != "cube-slot-1" || got.Path != "/img/a.img" || got.Sectors != 8 {
+		t.Errorf("result %s (%v)", res, err)
+	}
+	for _, tc := range []struct{ serial, path, want string }{
+		{"", "/img/a.img", "no serial"},
+		{"cube-slot-1", "", "no path"},
+		{"cube-slot-1", "img/a.img", "not absolute"},
+		{"bad", "/img/a.img", "no such disk"},
+	} {
+		if _, err := c.SetDisk(tc.serial, tc.path); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("disk-set %q %q: %v, want an error with %q", tc.serial, tc.path, err, tc.want)
+		}
+	}
+	if len(vm.calls) != 1 {
+		t.Errorf("target saw %v, want only the valid request", vm.calls)
+	}
+
+	// A target without drives refuses the op by name.
+	plain := &fakeVM{state: "running", stopped: make(chan struct{})}
+	p2 := filepath.Join(t.TempDir(), "ctl2.sock")
+	s2, err := Listen(p2, plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	c2, err := Dial(p2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if _, err := c2.SetDisk("cube-slot-1", "/img/a.img"); err == nil || !strings.Contains(err.Error(), "not supported") {
+		t.Errorf("disk-set on a target without disks: %v", err)
+	}
+}

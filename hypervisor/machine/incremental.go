@@ -1,0 +1,108 @@
+package machine
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/cube-runtime/cube/checkpoint"
+	"github.com/cube-runtime/cube/hypervisor/kvm"
+)
+
+// Incremental snapshots. After a full snapshot (or a rollback or restore)
+// KVM logs the pages the guest writes (KVM_MEM_LOG_DIRTY_PAGES on every
+// RAM slot) and the memory package records the pages devices write; an
+// incremental snapshot writes the union of both as a diff layer over its
+// parent's layers. Its parent is the snapshot the VM's memory was last
+// made equal to; when that is unknown (a failed snapshot consumed the
+// dirty record), only a full snapshot is allowed.
+
+// BitmapName is a diff layer's page bitmap.
+const BitmapName = "memory.bitmap"
+
+// enableDirtyLogLocked turns on KVM dirty logging on every RAM slot.
+func (m *Machine) enableDirtyLogLocked() error {
+	if m.snap.logging {
+		return nil
+	}
+	for i, r := range m.mem.Regions() {
+		if err := m.vm.SetUserMemoryRegion(kvm.UserspaceMemoryRegion{
+			Slot: uint32(i), Flags: kvm.MemLogDirtyPages, GuestPhysAddr: r.GPA, MemorySize: r.Size, UserspaceAddr: r.HostAddr(),
+		}); err != nil {
+			return fmt.Errorf("enable dirty logging: %w", err)
+		}
+	}
+	m.snap.logging = true
+	return nil
+}
+
+// takeDirtyLocked returns the pages written since the last call (KVM's
+// log OR the VMM's record), one bit per page over the regions back to
+// back, and clears both records. Without logging it only clears.
+func (m *Machine) takeDirtyLocked() ([]uint64, error) {
+	var out []uint64
+	for i, r := range m.mem.Regions() {
+		vmm := r.TakeDirty()
+		if m.snap.logging {
+			kb := make([]uint64, len(vmm))
+			if err := m.vm.GetDirtyLog(uint32(i), kb); err != nil {
+				return nil, err
+			}
+			for j := range vmm {
+				vmm[j] |= kb[j]
+			}
+		}
+		// Regions are whole MiB, so each ends on a 64-page word boundary.
+		out = append(out, vmm...)
+	}
+	return out, nil
+}
+
+// parentLayers returns the memory layers of the VM's current parent
+// snapshot as seen from a sibling directory dir.
+func (m *Machine) parentLayers(dir string) ([]checkpoint.MemoryLayer, error) {
+	if m.snap.parent == "" || !m.snap.logging {
+		return nil, fmt.Errorf("incremental snapshot: no parent (take a full snapshot first)")
+	}
+	if filepath.Dir(filepath.Clean(dir)) != filepath.Dir(m.snap.parent) {
+		return nil, fmt.Errorf("incremental snapshot: %s must be beside its parent %s", dir, m.snap.parent)
+	}
+	p, err := checkpoint.Open(m.snap.parent)
+	if err != nil {
+		return nil, fmt.Errorf("incremental snapshot: parent: %w", err)
+	}
+	base := filepath.Base(m.snap.parent)
+	var out []checkpoint.MemoryLayer
+	for _, l := range p.Manifest.Memory {
+		out = append(out, checkpoint.MemoryLayer{File: siblingPath(base, l.File), Size: l.Size, Bitmap: siblingPath(base, l.Bitmap)})
+	}
+	if len(out) >= 4000 {
+		return nil, fmt.Errorf("incremental snapshot: chain of %d layers is too long (take a full snapshot)", len(out))
+	}
+	return out, nil
+}
+
+// siblingPath rewrites a layer file name of snapshot base for a sibling.
+func siblingPath(base, name string) string {
+	if name == "" || filepath.Base(name) != name {
+		return name // already ../other/name, or empty
+	}
+	return "../" + base + "/" + name
+}
+
+// writeDiffLayer writes the diff memory layer and its bitmap.
+func writeDiffLayer(w *checkpoint.Writer, mem *os.File, regions [][]byte, dirty []uint64) (int64, error) {
+	n, err := checkpoint.WriteDiff(mem, regions, dirty)
+	if err != nil {
+		return n, err
+	}
+	bf, err := w.CreateFile(BitmapName)
+	if err != nil {
+		return n, err
+	}
+	defer bf.Close()
+	if _, err := bf.Write(checkpoint.EncodeBitmap(dirty)); err != nil {
+		return n, fmt.Errorf("write bitmap: %w", err)
+	}
+	return n, nil
+}

@@ -1,0 +1,448 @@
+package machine
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+	"unsafe"
+
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+
+	"github.com/cube-runtime/cube/checkpoint"
+	"github.com/cube-runtime/cube/hypervisor/kvm"
+	"github.com/cube-runtime/cube/hypervisor/memory"
+	"github.com/cube-runtime/cube/hypervisor/vcpu"
+	"github.com/cube-runtime/cube/hypervisor/virtio/blk"
+)
+
+// memLayers are a snapshot's memory files, opened and checked.
+type memLayers struct {
+	files   []*os.File
+	bitmaps [][]uint64 // nil for the base layer
+}
+
+func openLayers(snap *checkpoint.Snapshot) (*memLayers, error) {
+	l := &memLayers{}
+	for i, ml := range snap.Manifest.Memory {
+		f, err := os.Open(filepath.Join(snap.Dir, ml.File))
+		if err != nil {
+			l.close()
+			return nil, fmt.Errorf("memory layer %d: %w", i, err)
+		}
+		l.files = append(l.files, f)
+		var bm []uint64
+		if ml.Bitmap != "" {
+			b, err := os.ReadFile(filepath.Join(snap.Dir, ml.Bitmap))
+			if err == nil && int64(len(b)) != checkpoint.BitmapBytes(ml.Size) {
+				err = fmt.Errorf("bitmap of %d bytes: %w", len(b), checkpoint.ErrTruncated)
+			}
+			if err == nil {
+				bm, err = checkpoint.DecodeBitmap(b)
+			}
+			if err != nil {
+				l.close()
+				return nil, fmt.Errorf("memory layer %d: %w", i, err)
+			}
+		}
+		l.bitmaps = append(l.bitmaps, bm)
+	}
+	return l, nil
+}
+
+// close closes the files; the mappings made from them stay valid.
+func (l *memLayers) close() {
+	for _, f := range l.files {
+		f.Close()
+	}
+}
+
+// mapRegion maps the layers over [host, host+size), which is guest RAM at
+// file offset fileOff: the base layer whole, then each diff layer's pages,
+// all MAP_PRIVATE (copy-on-write, lazy: nothing is read until touched).
+// It returns the offsets where the mapping changes files (VMA boundaries).
+func (l *memLayers) mapRegion(host uintptr, size, fileOff int64) ([]int64, error) {
+	if err := mapFixed(host, size, l.files[0], fileOff); err != nil {
+		return nil, err
+	}
+	bounds := []int64{0, size}
+	first, last := fileOff/memory.PageSize, (fileOff+size)/memory.PageSize
+	for i := 1; i < len(l.files); i++ {
+		for _, r := range checkpoint.Runs(l.bitmaps[i], last) {
+			s, e := max(r[0], first), min(r[1], last)
+			if s >= e {
+				continue
+			}
+			off := s*memory.PageSize - fileOff
+			n := (e - s) * memory.PageSize
+			if err := mapFixed(host+uintptr(off), n, l.files[i], s*memory.PageSize); err != nil {
+				return nil, err
+			}
+			bounds = append(bounds, off, off+n)
+		}
+	}
+	sort.Slice(bounds, func(a, b int) bool { return bounds[a] < bounds[b] })
+	out := bounds[:1]
+	for _, b := range bounds[1:] {
+		if b != out[len(out)-1] {
+			out = append(out, b)
+		}
+	}
+	return out, nil
+}
+
+func mapFixed(addr uintptr, n int64, f *os.File, off int64) error {
+	_, _, e := unix.Syscall6(unix.SYS_MMAP, addr, uintptr(n), unix.PROT_READ|unix.PROT_WRITE,
+		unix.MAP_PRIVATE|unix.MAP_FIXED|unix.MAP_NORESERVE, f.Fd(), uintptr(off))
+	if e != 0 {
+		return fmt.Errorf("map %s at offset %#x: %w", f.Name(), off, e)
+	}
+	return nil
+}
+
+func mremapFixed(from, to uintptr, n int64) error {
+	_, _, e := unix.Syscall6(unix.SYS_MREMAP, from, uintptr(n), uintptr(n), unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED, to, 0)
+	if e != 0 {
+		return fmt.Errorf("mremap: %w", e)
+	}
+	return nil
+}
+
+// Restore builds a machine from a snapshot: guest memory mapped from the
+// snapshot's memory files (MAP_PRIVATE, so restore time does not grow
+// with memory size and the files never change), vCPU, VM and device
+// state loaded. attach must add the same virtio devices, in the same
+// order, as the snapshotted VM had (disks on working copies of the
+// snapshot's disk copies). Start the result with StartRestored.
+func Restore(snap *checkpoint.Snapshot, cfg Config, attach func(*Machine) error) (m *Machine, err error) {
+	t0 := time.Now()
+	man := snap.Manifest
+	cfg.MemoryMiB, cfg.VCPUs = man.Shape.MemoryMiB, man.Shape.VCPUs
+	cfg.Defaults()
+	if cfg.MemoryMiB < 64 || cfg.VCPUs < 1 || cfg.VCPUs > 254 {
+		return nil, fmt.Errorf("restore: shape %d MiB, %d vCPUs: %w", cfg.MemoryMiB, cfg.VCPUs, checkpoint.ErrCorrupt)
+	}
+	m = &Machine{cfg: cfg, log: cfg.Log, done: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			m.release()
+			err = fmt.Errorf("restore %s: %w", snap.Dir, err)
+		}
+	}()
+	layers, err := openLayers(snap)
+	if err != nil {
+		return nil, err
+	}
+	defer layers.close()
+	if err = m.createVM(); err != nil {
+		return nil, err
+	}
+	ram := memory.X86Layout(uint64(cfg.MemoryMiB) << 20)
+	if m.mem, err = memory.New(ram, memory.Options{File: layers.files[0], Private: true}); err != nil {
+		return nil, err
+	}
+	var fileOff int64
+	for i, r := range m.mem.Regions() {
+		if len(layers.files) > 1 {
+			b, err := layers.mapRegion(uintptr(r.HostAddr()), int64(r.Size), fileOff)
+			if err != nil {
+				return nil, err
+			}
+			m.snap.segs = append(m.snap.segs, b)
+		} else {
+			m.snap.segs = append(m.snap.segs, []int64{0, int64(r.Size)})
+		}
+		fileOff += int64(r.Size)
+		// Dirty logging from the start: the snapshot is the parent of the
+		// next incremental one.
+		if err = m.vm.SetUserMemoryRegion(kvm.UserspaceMemoryRegion{
+			Slot: uint32(i), Flags: kvm.MemLogDirtyPages, GuestPhysAddr: r.GPA, MemorySize: r.Size, UserspaceAddr: r.HostAddr(),
+		}); err != nil {
+			return nil, err
+		}
+	}
+	last := ram[len(ram)-1].End()
+	m.pci64 = (max(last, memory.MMIOHoleEnd) + (1<<30 - 1)) &^ (1<<30 - 1)
+	if err = m.addLegacyDevices(); err != nil {
+		return nil, err
+	}
+	for i := 0; i < cfg.VCPUs; i++ {
+		c, err := m.vm.CreateVCPU(i)
+		if err != nil {
+			return nil, err
+		}
+		v := vcpu.New(c, &m.pio, &m.mmio)
+		m.cpus = append(m.cpus, v)
+	}
+	if attach != nil {
+		if err := attach(m); err != nil {
+			return nil, err
+		}
+	}
+	m.snap.logging, m.snap.fileBacked = true, true
+	m.snap.parent, _ = filepath.Abs(snap.Dir)
+	s, err := m.decodeState(snap.State)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.applyState(s, true); err != nil {
+		return nil, err
+	}
+	m.log.WithFields(logrus.Fields{"dir": snap.Dir, "layers": len(layers.files), "took": time.Since(t0)}).Info("machine restored")
+	return m, nil
+}
+
+// StartRestored runs a restored machine: vCPUs (told their clock was
+// paused), then the transports Restore left paused. With paused, the vCPU
+// threads start parked and the machine is Paused until Resume.
+func (m *Machine) StartRestored(paused bool) error {
+	// Serialized with Pause/Resume/Snapshot/Rollback: one of those between
+	// Start and the parking below would leave vCPUs and state disagreeing.
+	m.ctl.Lock()
+	defer m.ctl.Unlock()
+	for _, c := range m.cpus {
+		_ = c.CPU.KVMClockCtrl()
+		if paused {
+			c.RequestPause() // before Start: the thread parks before its first KVM_RUN
+		}
+	}
+	if err := m.Start(); err != nil {
+		return err
+	}
+	if paused {
+		m.cpus.Pause()
+		m.mu.Lock()
+		if m.state == Running {
+			m.state = Paused
+		}
+		m.mu.Unlock()
+	}
+	for _, v := range m.virtio {
+		v.tr.Resume()
+	}
+	return nil
+}
+
+// RollbackStats says what a rollback cost.
+type RollbackStats struct {
+	Prepare time.Duration // validation, disk copies (VM still running)
+	Frozen  time.Duration // vCPUs parked
+	Total   time.Duration
+}
+
+// Rollback replaces the running VM's whole state (memory, vCPUs, devices,
+// writable disks) with the snapshot's, in place: same process, KVM VM,
+// sockets. Everything that can fail is done before the VM is touched
+// (manifest and state checks, memory files opened, disk copies made under
+// temporary names); during the freeze window the old memory is moved aside
+// rather than dropped and the old state kept, so a failure puts the VM
+// back as it was. Components are the caller's to check.
+func (m *Machine) Rollback(snap *checkpoint.Snapshot) (st RollbackStats, err error) {
+	t0 := time.Now()
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("rollback to %s: %w", snap.Dir, err)
+		}
+	}()
+	shape, err := m.Shape()
+	if err != nil {
+		return st, err
+	}
+	man := snap.Manifest
+	if err := man.Check(shape, man.Components); err != nil {
+		return st, err
+	}
+	s, err := m.decodeState(snap.State)
+	if err != nil {
+		return st, err
+	}
+	layers, err := openLayers(snap)
+	if err != nil {
+		return st, err
+	}
+	defer layers.close()
+	// A disk re-pointed (SetDisk) at a file other than the snapshot's: the
+	// rollback would write the snapshot's disk over that file, which belongs
+	// to someone else (another container's rootfs). A disk whose path only
+	// differs because this VM was restored elsewhere is fine.
+	for i, d := range m.disks() {
+		if p, md := d.Path(), man.Shape.Disks[i]; p != d.OpenedPath() && p != md.Source {
+			return st, fmt.Errorf("disk %d (serial %q) was re-pointed at %s, the snapshot had %s; point it back first: %w",
+				i, d.Serial(), p, md.Source, checkpoint.ErrMismatch)
+		}
+	}
+	// Disk copies under temporary names beside the live disks.
+	type diskSwap struct {
+		dev  *blk.Device
+		path string
+		tmp  string
+	}
+	var swaps []diskSwap
+	defer func() {
+		for _, d := range swaps {
+			if d.tmp != "" {
+				os.Remove(d.tmp)
+			}
+		}
+	}()
+	for i, d := range m.disks() {
+		md := man.Shape.Disks[i]
+		if md.ReadOnly {
+			continue
+		}
+		tmp, _, err := checkpoint.PrepareClone(d.Path(), snap.Path(md.File))
+		if err != nil {
+			return st, fmt.Errorf("disk %d: %w", i, err)
+		}
+		swaps = append(swaps, diskSwap{dev: d, path: d.Path(), tmp: tmp})
+	}
+	st.Prepare = time.Since(t0)
+
+	m.ctl.Lock()
+	defer m.ctl.Unlock()
+	wasRunning, err := m.freezeLocked("rollback")
+	if err != nil {
+		return st, err
+	}
+	tf := time.Now()
+	defer func() {
+		m.thawLocked(wasRunning)
+		st.Frozen = time.Since(tf)
+		st.Total = time.Since(t0)
+	}()
+	// vCPU ioctls wait for KVM_RUN to return, so CPUID is compared only
+	// now that the vCPUs are parked; nothing has been changed yet.
+	for i, c := range m.cpus {
+		cur, err := c.CPU.GetCPUID2()
+		if err != nil {
+			return st, err
+		}
+		if !sameCPUID(cur, s.VCPUs[i].CPUID) {
+			return st, fmt.Errorf("vcpu %d: snapshot CPUID differs from this VM's: %w", i, checkpoint.ErrMismatch)
+		}
+	}
+	for _, d := range swaps {
+		if p := d.dev.Path(); p != d.path {
+			return st, fmt.Errorf("disk %q was re-pointed at %s during the rollback: %w", d.dev.Serial(), p, checkpoint.ErrMismatch)
+		}
+	}
+	undo, err := m.captureState()
+	if err != nil {
+		return st, fmt.Errorf("save current state: %w", err)
+	}
+	restoreMem, dropOld, err := m.swapMemory(layers)
+	if err != nil {
+		return st, err
+	}
+	fail := func(err error) (RollbackStats, error) {
+		restoreMem()
+		if uerr := m.applyState(undo, false); uerr != nil {
+			m.log.WithError(uerr).Error("rollback failed and the previous state could not be fully reloaded")
+			return st, fmt.Errorf("%w (and reloading the previous state: %v)", err, uerr)
+		}
+		return st, err
+	}
+	if err := m.applyState(s, false); err != nil {
+		return fail(err)
+	}
+	// Disks last: rename is atomic, and until here nothing touched them.
+	for i := range swaps {
+		d := &swaps[i]
+		if err := os.Rename(d.tmp, d.path); err != nil {
+			return fail(fmt.Errorf("disk %s: %w", d.path, err))
+		}
+		d.tmp = ""
+		if err := d.dev.ReplaceBacking(); err != nil {
+			// The path holds the snapshot's copy; the device still has the
+			// old inode open, so the guest keeps a consistent disk.
+			return fail(err)
+		}
+	}
+	dropOld()
+	m.snap.fileBacked = true
+	// The memory now equals the snapshot's: it is the next parent.
+	m.snap.parent = ""
+	if _, err := m.takeDirtyLocked(); err == nil {
+		m.snap.parent, _ = filepath.Abs(snap.Dir)
+	}
+	m.log.WithFields(logrus.Fields{"dir": snap.Dir, "frozen": time.Since(tf)}).Info("rolled back")
+	return st, nil
+}
+
+func sameCPUID(a, b []kvm.CPUIDEntry2) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// swapMemory moves each region's current mappings aside (mremap keeps
+// their pages, so undo is another mremap) and maps the snapshot's layers
+// at the same host addresses, so the KVM memslots stay valid (KVM's MMU
+// notifier drops its stale translations). restore puts the old memory
+// back; drop frees it.
+func (m *Machine) swapMemory(l *memLayers) (restore, drop func(), err error) {
+	type moved struct {
+		host, aside uintptr
+		size        int64
+		segs        []int64
+		done        int // segments moved aside
+		newSegs     []int64
+	}
+	var ms []*moved
+	restore = func() {
+		for _, mv := range ms {
+			for j := 0; j+1 < len(mv.segs) && j < mv.done; j++ {
+				a, b := mv.segs[j], mv.segs[j+1]
+				if err := mremapFixed(mv.aside+uintptr(a), mv.host+uintptr(a), b-a); err != nil {
+					m.log.WithError(err).Error("rollback: cannot put guest memory back")
+				}
+			}
+			unmapRaw(mv.aside, mv.size)
+		}
+	}
+	drop = func() {
+		for i, mv := range ms {
+			unmapRaw(mv.aside, mv.size)
+			m.snap.segs[i] = mv.newSegs
+		}
+	}
+	var fileOff int64
+	for i, r := range m.mem.Regions() {
+		if len(m.snap.segs) <= i {
+			m.snap.segs = append(m.snap.segs, []int64{0, int64(r.Size)})
+		}
+		aside, err := unix.Mmap(-1, 0, int(r.Size), unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+		if err != nil {
+			restore()
+			return nil, nil, fmt.Errorf("reserve address space: %w", err)
+		}
+		mv := &moved{host: uintptr(r.HostAddr()), aside: uintptr(unsafe.Pointer(&aside[0])), size: int64(r.Size), segs: m.snap.segs[i]}
+		ms = append(ms, mv)
+		for j := 0; j+1 < len(mv.segs); j++ {
+			a, b := mv.segs[j], mv.segs[j+1]
+			if err := mremapFixed(mv.host+uintptr(a), mv.aside+uintptr(a), b-a); err != nil {
+				restore()
+				return nil, nil, fmt.Errorf("move guest memory aside: %w", err)
+			}
+			mv.done = j + 1
+		}
+		if mv.newSegs, err = l.mapRegion(mv.host, mv.size, fileOff); err != nil {
+			restore()
+			return nil, nil, err
+		}
+		fileOff += int64(r.Size)
+	}
+	return restore, drop, nil
+}
+
+func unmapRaw(addr uintptr, n int64) {
+	unix.Syscall(unix.SYS_MUNMAP, addr, uintptr(n), 0)
+}

@@ -1,0 +1,604 @@
+package machine
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/cube-runtime/cube/checkpoint"
+	"github.com/cube-runtime/cube/hypervisor/devices/serial"
+	"github.com/cube-runtime/cube/hypervisor/kvm"
+	"github.com/cube-runtime/cube/hypervisor/memory"
+	"github.com/cube-runtime/cube/hypervisor/virtio"
+	"github.com/cube-runtime/cube/hypervisor/virtio/blk"
+	"github.com/cube-runtime/cube/hypervisor/virtio/rng"
+	"github.com/cube-runtime/cube/hypervisor/virtio/vsock"
+)
+
+// Snapshot, restore and rollback. The consistency window: the caller has
+// the guest agent sync (or freeze) filesystems; then, with m.ctl held,
+// vCPUs park → virtio transports pause (no device writes guest memory) →
+// vCPU, VM and device state → guest memory → disk copies → transports and
+// vCPUs resume. fsync and the rename into place happen after the resume.
+
+// StateVersion is the version of VMState (the state file's payload).
+const StateVersion = 1
+
+// VMState is everything of a VM that is not guest memory or disk contents.
+type VMState struct {
+	Version   int
+	VCPUs     []VCPUState
+	PICMaster kvm.IRQChip
+	PICSlave  kvm.IRQChip
+	IOAPIC    kvm.IRQChip
+	PIT       kvm.PITState2
+	Clock     kvm.ClockData
+	Serial    serial.State
+	Devices   []DeviceState
+}
+
+// VCPUState is one vCPU's state, in Firecracker's terms.
+type VCPUState struct {
+	ID        int
+	CPUID     []kvm.CPUIDEntry2
+	MPState   kvm.MPState
+	Regs      kvm.Regs
+	Sregs     kvm.Sregs
+	XSave     []uint32
+	XCRs      kvm.XCRs
+	DebugRegs kvm.DebugRegs
+	LAPIC     kvm.LAPICState
+	MSRs      []kvm.MSREntry
+	Events    kvm.VCPUEvents
+	TSCKHz    uint32
+}
+
+// DeviceState is one virtio device and its transport, in attach order.
+type DeviceState struct {
+	Kind      string // "blk", "vsock" or "rng"
+	Transport virtio.TransportState
+	Blk       *blk.State   `json:",omitempty"`
+	Vsock     *vsock.State `json:",omitempty"`
+	RNG       *rng.State   `json:",omitempty"`
+}
+
+// virtioDev is an attached virtio device.
+type virtioDev struct {
+	dev virtio.Device
+	tr  *virtio.PCITransport
+}
+
+// snapState is the machine's snapshot bookkeeping.
+type snapState struct {
+	msrs []uint32 // readable MSR indices, found on the first snapshot
+	// segs[i] are offsets in region i where host mappings may change
+	// (VMA boundaries from layered restores); mremap must not cross them.
+	segs [][]int64
+	// logging: KVM dirty logging is on. parent: the snapshot directory
+	// the memory equalled when the dirty records were last cleared.
+	logging bool
+	parent  string
+	// fileBacked: guest memory is (partly) mapped from snapshot files
+	// (after a restore or rollback), not only anonymous memory.
+	fileBacked bool
+}
+
+const (
+	msrIA32TSC         = 0x10
+	msrIA32TSCDeadline = 0x6e0
+)
+
+func kindOf(d virtio.Device) string {
+	switch d.(type) {
+	case *blk.Device:
+		return "blk"
+	case *vsock.Device:
+		return "vsock"
+	case *rng.Device:
+		return "rng"
+	}
+	return fmt.Sprintf("unknown device %d", d.DeviceID())
+}
+
+// Shape is the VM's shape as a snapshot records it.
+func (m *Machine) Shape() (checkpoint.Shape, error) {
+	s := checkpoint.Shape{VCPUs: m.cfg.VCPUs, MemoryMiB: m.cfg.MemoryMiB}
+	for _, v := range m.virtio {
+		d, ok := v.dev.(*blk.Device)
+		if !ok {
+			continue
+		}
+		fi, err := os.Stat(d.Path())
+		if err != nil {
+			return s, fmt.Errorf("disk %s: %w", d.Path(), err)
+		}
+		s.Disks = append(s.Disks, checkpoint.Disk{Serial: d.Serial(), ReadOnly: d.ReadOnly(), Size: fi.Size(), Source: d.Path()})
+	}
+	return s, nil
+}
+
+func (m *Machine) disks() []*blk.Device {
+	var out []*blk.Device
+	for _, v := range m.virtio {
+		if d, ok := v.dev.(*blk.Device); ok {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// SnapshotOptions are what the machine cannot know itself.
+type SnapshotOptions struct {
+	Components checkpoint.Components
+	Config     json.RawMessage // the VMM's configuration, for restore
+	// Incremental writes only the pages dirtied since the parent (the last
+	// snapshot, rollback or restore); dir must be beside the parent.
+	Incremental bool
+}
+
+// SnapshotStats says what a snapshot cost.
+type SnapshotStats struct {
+	Frozen      time.Duration // vCPUs parked
+	Total       time.Duration
+	MemoryBytes int64 // bytes of memory written (zero pages are holes)
+	DiskBytes   int64
+	Reflinked   bool // every writable disk was reflinked
+}
+
+// Snapshot writes the VM into dir (which must not exist). A running VM
+// is paused for the freeze window and resumed; a paused one stays paused.
+func (m *Machine) Snapshot(dir string, opt SnapshotOptions) (st SnapshotStats, err error) {
+	t0 := time.Now()
+	shape, err := m.Shape()
+	if err != nil {
+		return st, fmt.Errorf("snapshot: %w", err)
+	}
+	var parentLayers []checkpoint.MemoryLayer
+	if opt.Incremental {
+		m.ctl.Lock()
+		parentLayers, err = m.parentLayers(dir)
+		m.ctl.Unlock()
+		if err != nil {
+			return st, err
+		}
+	}
+	need := int64(m.mem.Size())
+	for _, d := range shape.Disks {
+		if !d.ReadOnly {
+			need += d.Size
+		}
+	}
+	w, err := checkpoint.Create(dir, need)
+	if err != nil {
+		return st, err
+	}
+	defer w.Abort()
+	memFile, err := w.CreateFile(checkpoint.MemoryName)
+	if err != nil {
+		return st, err
+	}
+	defer memFile.Close()
+
+	m.ctl.Lock()
+	wasRunning, err := m.freezeLocked("snapshot")
+	if err != nil {
+		m.ctl.Unlock()
+		return st, err
+	}
+	tf := time.Now()
+	payload, err := func() ([]byte, error) {
+		// The shape was read before the freeze: a disk re-pointed since
+		// would be recorded with the wrong backing file.
+		for i, d := range m.disks() {
+			if p := d.Path(); p != shape.Disks[i].Source {
+				return nil, fmt.Errorf("disk %q was re-pointed at %s while the snapshot started; retry", d.Serial(), p)
+			}
+		}
+		s, err := m.captureState()
+		if err != nil {
+			return nil, err
+		}
+		b, err := json.Marshal(s)
+		if err != nil {
+			return nil, fmt.Errorf("encode state: %w", err)
+		}
+		var regions [][]byte
+		for _, r := range m.mem.Regions() {
+			regions = append(regions, r.Host)
+		}
+		// The next incremental snapshot starts here; if this one fails,
+		// the dirty record is lost, so the parent is forgotten.
+		m.snap.parent = ""
+		dirty, err := m.takeDirtyLocked()
+		if err != nil {
+			return nil, err
+		}
+		if err := m.enableDirtyLogLocked(); err != nil {
+			return nil, err
+		}
+		if opt.Incremental {
+			st.MemoryBytes, err = writeDiffLayer(w, memFile, regions, dirty)
+		} else {
+			st.MemoryBytes, err = m.writeFull(memFile, regions)
+		}
+		if err != nil {
+			return nil, err
+		}
+		st.Reflinked = true
+		for i, d := range shape.Disks {
+			if d.ReadOnly {
+				continue
+			}
+			name := fmt.Sprintf("disk-%d.img", i)
+			n, ref, err := w.CloneDisk(d.Source, name)
+			if err != nil {
+				return nil, fmt.Errorf("disk %d: %w", i, err)
+			}
+			shape.Disks[i].File, shape.Disks[i].Size = name, n
+			st.DiskBytes += n
+			st.Reflinked = st.Reflinked && ref
+		}
+		return b, nil
+	}()
+	m.thawLocked(wasRunning)
+	st.Frozen = time.Since(tf)
+	m.ctl.Unlock()
+	if err != nil {
+		return st, fmt.Errorf("snapshot: %w", err)
+	}
+	man := &checkpoint.Manifest{
+		Shape: shape, Components: opt.Components, Config: opt.Config,
+		Memory: []checkpoint.MemoryLayer{{File: checkpoint.MemoryName, Size: int64(m.mem.Size())}},
+	}
+	if opt.Incremental {
+		man.Memory = append(parentLayers, checkpoint.MemoryLayer{File: checkpoint.MemoryName, Size: int64(m.mem.Size()), Bitmap: BitmapName})
+	}
+	if err := w.Commit(man, payload); err != nil {
+		return st, err
+	}
+	if abs, err := filepath.Abs(dir); err == nil {
+		m.ctl.Lock()
+		m.snap.parent = abs
+		m.ctl.Unlock()
+	}
+	st.Total = time.Since(t0)
+	m.log.WithFields(logrus.Fields{"dir": dir, "frozen": st.Frozen, "total": st.Total, "memory_bytes": st.MemoryBytes,
+		"reflinked": st.Reflinked}).Info("snapshot written")
+	return st, nil
+}
+
+// writeFull writes a full memory layer. Anonymous guest memory (a VM booted
+// here, never restored or rolled back) is written from its populated pages
+// only: the others were never written and read as zero, and scanning them to
+// find that out would fault every one of them in. File-backed memory is
+// scanned whole (its unfaulted pages hold the file's data).
+func (m *Machine) writeFull(f *os.File, regions [][]byte) (int64, error) {
+	if !m.snap.fileBacked {
+		var pop []uint64
+		for _, r := range regions {
+			// Regions are whole MiB: each one's bits fill whole words.
+			p, err := memory.PopulatedPages(r)
+			if err != nil {
+				m.log.WithError(err).Warn("snapshot: scanning all guest memory")
+				return checkpoint.WriteFull(f, regions)
+			}
+			pop = append(pop, p...)
+		}
+		return checkpoint.WriteDiff(f, regions, pop)
+	}
+	return checkpoint.WriteFull(f, regions)
+}
+
+// freezeLocked parks the vCPUs and pauses the transports; m.ctl is held.
+func (m *Machine) freezeLocked(op string) (wasRunning bool, err error) {
+	switch s := m.State(); s {
+	case Running:
+		m.cpus.Pause()
+		wasRunning = true
+	case Paused:
+	default:
+		return false, fmt.Errorf("%s: machine is %v", op, s)
+	}
+	// Ordering: vCPUs first (no new kicks), then transports (devices stop
+	// writing guest memory).
+	for _, v := range m.virtio {
+		v.tr.Pause()
+	}
+	return wasRunning, nil
+}
+
+// thawLocked undoes freezeLocked: transports, then vCPUs.
+func (m *Machine) thawLocked(wasRunning bool) {
+	for _, v := range m.virtio {
+		v.tr.Resume()
+	}
+	if wasRunning {
+		for _, c := range m.cpus {
+			_ = c.CPU.KVMClockCtrl() // EINVAL before the guest enables kvmclock
+		}
+		m.cpus.Resume()
+	}
+}
+
+// captureState reads all VM state. vCPUs are parked, transports paused.
+func (m *Machine) captureState() (*VMState, error) {
+	s := &VMState{Version: StateVersion}
+	var err error
+	if s.PIT, err = m.vm.GetPIT2(); err != nil {
+		return nil, err
+	}
+	if s.Clock, err = m.vm.GetClock(); err != nil {
+		return nil, err
+	}
+	if s.PICMaster, err = m.vm.GetIRQChip(kvm.IRQChipPICMaster); err != nil {
+		return nil, err
+	}
+	if s.PICSlave, err = m.vm.GetIRQChip(kvm.IRQChipPICSlave); err != nil {
+		return nil, err
+	}
+	if s.IOAPIC, err = m.vm.GetIRQChip(kvm.IRQChipIOAPIC); err != nil {
+		return nil, err
+	}
+	if m.snap.msrs == nil {
+		if m.snap.msrs, err = m.readableMSRs(); err != nil {
+			return nil, err
+		}
+	}
+	for _, c := range m.cpus {
+		vs, err := m.captureVCPU(c.CPU)
+		if err != nil {
+			return nil, fmt.Errorf("vcpu %d: %w", c.CPU.ID(), err)
+		}
+		s.VCPUs = append(s.VCPUs, vs)
+	}
+	s.Serial = m.serial.State()
+	for _, v := range m.virtio {
+		ds := DeviceState{Kind: kindOf(v.dev), Transport: v.tr.State()}
+		switch d := v.dev.(type) {
+		case *blk.Device:
+			x := d.State()
+			ds.Blk = &x
+		case *vsock.Device:
+			x := d.State()
+			ds.Vsock = &x
+		case *rng.Device:
+			x := d.State()
+			ds.RNG = &x
+		default:
+			return nil, fmt.Errorf("device %d cannot be snapshotted", v.dev.DeviceID())
+		}
+		s.Devices = append(s.Devices, ds)
+	}
+	return s, nil
+}
+
+// readableMSRs is KVM's MSR index list less what this host cannot read,
+// with TSC_DEADLINE moved after TSC: restore writes them in this order,
+// and a deadline written before the TSC is relative to the wrong TSC.
+func (m *Machine) readableMSRs() ([]uint32, error) {
+	all, err := m.sys.MSRIndexList()
+	if err != nil {
+		return nil, err
+	}
+	cpu := m.cpus[0].CPU
+	var ok []uint32
+	if _, err := cpu.GetMSRs(all); err == nil {
+		ok = all
+	} else {
+		for _, i := range all {
+			if _, err := cpu.GetMSRs([]uint32{i}); err == nil {
+				ok = append(ok, i)
+			}
+		}
+	}
+	ok = append([]uint32(nil), ok...)
+	sort.SliceStable(ok, func(a, b int) bool { return ok[a] != msrIA32TSCDeadline && ok[b] == msrIA32TSCDeadline })
+	return ok, nil
+}
+
+// captureVCPU saves one vCPU: MP_STATE first (it may flush pending APIC
+// events into the other state), VCPU_EVENTS last.
+func (m *Machine) captureVCPU(c *kvm.VCPU) (VCPUState, error) {
+	v := VCPUState{ID: c.ID()}
+	var err error
+	if v.MPState, err = c.GetMPState(); err != nil {
+		return v, err
+	}
+	if v.Regs, err = c.GetRegs(); err != nil {
+		return v, err
+	}
+	if v.Sregs, err = c.GetSregs(); err != nil {
+		return v, err
+	}
+	if sz, cerr := m.sys.CheckExtension(kvm.CapXSave2); cerr == nil && sz >= 4096 {
+		if v.XSave, err = c.GetXSave2(sz); err != nil {
+			return v, err
+		}
+	} else {
+		x, err := c.GetXSave()
+		if err != nil {
+			return v, err
+		}
+		v.XSave = x.Region[:]
+	}
+	if v.XCRs, err = c.GetXCRs(); err != nil {
+		return v, err
+	}
+	if v.DebugRegs, err = c.GetDebugRegs(); err != nil {
+		return v, err
+	}
+	if v.LAPIC, err = c.GetLAPIC(); err != nil {
+		return v, err
+	}
+	if v.MSRs, err = c.GetMSRs(m.snap.msrs); err != nil {
+		return v, err
+	}
+	if v.CPUID, err = c.GetCPUID2(); err != nil {
+		return v, err
+	}
+	if khz, err := c.GetTSCKHz(); err == nil {
+		v.TSCKHz = khz
+	}
+	if v.Events, err = c.GetVCPUEvents(); err != nil {
+		return v, err
+	}
+	return v, nil
+}
+
+// restoreVCPU loads one vCPU in the documented order: CPUID2 → MP_STATE →
+// REGS → SREGS → XSAVE → XCRS → DEBUGREGS → LAPIC (after SREGS, before
+// MSRS) → MSRS (TSC_DEADLINE after TSC) → VCPU_EVENTS. setCPUID is false
+// on rollback: KVM refuses to change CPUID after the vCPU ran, and the
+// caller checked it is equal.
+func restoreVCPU(c *kvm.VCPU, v *VCPUState, setCPUID bool, log *logrus.Entry) error {
+	if setCPUID {
+		if v.TSCKHz != 0 {
+			if cur, err := c.GetTSCKHz(); err == nil && cur != v.TSCKHz {
+				if err := c.SetTSCKHz(v.TSCKHz); err != nil {
+					log.WithError(err).Warn("TSC frequency differs from the snapshot's and cannot be set")
+				}
+			}
+		}
+		if err := c.SetCPUID2(v.CPUID); err != nil {
+			return fmt.Errorf("set cpuid: %w", err)
+		}
+	}
+	if err := c.SetMPState(v.MPState); err != nil {
+		return err
+	}
+	if err := c.SetRegs(v.Regs); err != nil {
+		return err
+	}
+	if err := c.SetSregs(v.Sregs); err != nil {
+		return err
+	}
+	if err := c.SetXSave(v.XSave); err != nil {
+		return err
+	}
+	if err := c.SetXCRs(v.XCRs); err != nil {
+		return err
+	}
+	if err := c.SetDebugRegs(v.DebugRegs); err != nil {
+		return err
+	}
+	if err := c.SetLAPIC(v.LAPIC); err != nil {
+		return err
+	}
+	if err := c.SetMSRs(v.MSRs); err != nil {
+		return err
+	}
+	if err := c.SetVCPUEvents(v.Events); err != nil {
+		return err
+	}
+	return nil
+}
+
+// restoreVM loads PIT, clock and irqchips (before the vCPUs, whose LAPICs
+// deliver into them).
+func (m *Machine) restoreVM(s *VMState) error {
+	if err := m.vm.SetPIT2(s.PIT); err != nil {
+		return err
+	}
+	if err := m.vm.SetClock(kvm.ClockData{Clock: s.Clock.Clock}); err != nil {
+		return err
+	}
+	for _, c := range []kvm.IRQChip{s.PICMaster, s.PICSlave, s.IOAPIC} {
+		if err := m.vm.SetIRQChip(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// restoreDevices loads each device's state, then its transport's (which
+// re-activates a running device and leaves it paused), then rescans the
+// PCI bus for BARs the guest moved, then resets vsock transports.
+func (m *Machine) restoreDevices(s *VMState) error {
+	for i, v := range m.virtio {
+		ds := &s.Devices[i]
+		var err error
+		switch d := v.dev.(type) {
+		case *blk.Device:
+			err = d.Restore(*ds.Blk)
+		case *vsock.Device:
+			err = d.Restore(*ds.Vsock)
+		case *rng.Device:
+			err = d.Restore(*ds.RNG)
+		}
+		if err != nil {
+			return fmt.Errorf("device %d: %w", i, err)
+		}
+		if err := v.tr.Restore(ds.Transport); err != nil {
+			return fmt.Errorf("device %d: %w", i, err)
+		}
+	}
+	if m.pci != nil {
+		m.pci.Rescan()
+	}
+	for _, v := range m.virtio {
+		if d, ok := v.dev.(*vsock.Device); ok {
+			d.TransportReset()
+		}
+	}
+	return nil
+}
+
+// decodeState parses and checks a state payload against this machine.
+func (m *Machine) decodeState(payload []byte) (*VMState, error) {
+	var s VMState
+	if err := json.Unmarshal(payload, &s); err != nil {
+		return nil, fmt.Errorf("state: %v: %w", err, checkpoint.ErrCorrupt)
+	}
+	if s.Version != StateVersion {
+		return nil, fmt.Errorf("machine state version %d, this build reads %d: %w", s.Version, StateVersion, checkpoint.ErrVersion)
+	}
+	if len(s.VCPUs) != len(m.cpus) {
+		return nil, fmt.Errorf("state has %d vCPUs, VM has %d: %w", len(s.VCPUs), len(m.cpus), checkpoint.ErrMismatch)
+	}
+	for i, v := range s.VCPUs {
+		if v.ID != m.cpus[i].CPU.ID() {
+			return nil, fmt.Errorf("state vCPU %d has id %d: %w", i, v.ID, checkpoint.ErrCorrupt)
+		}
+		if len(v.XSave) < 1024 || len(v.XSave) > 1<<18 {
+			return nil, fmt.Errorf("vcpu %d: xsave of %d words: %w", i, len(v.XSave), checkpoint.ErrCorrupt)
+		}
+		if len(v.CPUID) == 0 || len(v.CPUID) > kvm.MaxCPUIDEntries || len(v.MSRs) > 4096 {
+			return nil, fmt.Errorf("vcpu %d: %d cpuid entries, %d msrs: %w", i, len(v.CPUID), len(v.MSRs), checkpoint.ErrCorrupt)
+		}
+	}
+	if len(s.Devices) != len(m.virtio) {
+		return nil, fmt.Errorf("state has %d virtio devices, VM has %d: %w", len(s.Devices), len(m.virtio), checkpoint.ErrMismatch)
+	}
+	for i, v := range m.virtio {
+		ds := s.Devices[i]
+		if k := kindOf(v.dev); ds.Kind != k {
+			return nil, fmt.Errorf("device %d: state is %s, VM has %s: %w", i, ds.Kind, k, checkpoint.ErrMismatch)
+		}
+		if (ds.Kind == "blk" && ds.Blk == nil) || (ds.Kind == "vsock" && ds.Vsock == nil) || (ds.Kind == "rng" && ds.RNG == nil) {
+			return nil, fmt.Errorf("device %d: no %s state: %w", i, ds.Kind, checkpoint.ErrCorrupt)
+		}
+	}
+	if len(s.Serial.Input) > 1<<20 {
+		return nil, fmt.Errorf("serial input of %d bytes: %w", len(s.Serial.Input), checkpoint.ErrCorrupt)
+	}
+	return &s, nil
+}
+
+// applyState loads a decoded state into the parked machine.
+func (m *Machine) applyState(s *VMState, setCPUID bool) error {
+	if err := m.restoreVM(s); err != nil {
+		return err
+	}
+	for i, c := range m.cpus {
+		if err := restoreVCPU(c.CPU, &s.VCPUs[i], setCPUID, m.log); err != nil {
+			return fmt.Errorf("vcpu %d: %w", i, err)
+		}
+	}
+	m.serial.SetState(s.Serial)
+	return m.restoreDevices(s)
+}

@@ -1,0 +1,211 @@
+package vmmcmd
+
+import (
+	"bytes"
+	"encoding/binary"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cube-runtime/cube/checkpoint"
+	"github.com/cube-runtime/cube/hypervisor/control"
+)
+
+// counterCode counts in RAX and stores it at 0x3000000 forever.
+var counterCode = []byte{
+	0x48, 0x31, 0xc0, 0x48, 0xff, 0xc0,
+	0x48, 0x89, 0x04, 0x25, 0x00, 0x00, 0x00, 0x03,
+	0xeb, 0xf3,
+}
+
+const counterAddr = 0x3000000
+
+func snapCounter(t *testing.T, dir string) uint64 {
+	t.Helper()
+	f, err := os.Open(filepath.Join(dir, checkpoint.MemoryName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var b [8]byte
+	if _, err := f.ReadAt(b[:], counterAddr); err != nil {
+		t.Fatal(err)
+	}
+	return binary.LittleEndian.Uint64(b[:])
+}
+
+type vmm struct {
+	rc     chan int
+	stderr *bytes.Buffer
+	ctl    *control.Client
+}
+
+func startVMM(t *testing.T, sock string, args ...string) *vmm {
+	t.Helper()
+	v := &vmm{rc: make(chan int, 1), stderr: &bytes.Buffer{}}
+	go func() {
+		var out bytes.Buffer
+		v.rc <- Run(args, strings.NewReader(""), &out, lockedBuf{v.stderr})
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		c, err := control.Dial(sock)
+		if err == nil {
+			v.ctl = c
+			return v
+		}
+		select {
+		case rc := <-v.rc:
+			t.Fatalf("cube-vmm exited %d: %s", rc, v.stderr)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no control socket: %v", err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (v *vmm) stop(t *testing.T) {
+	t.Helper()
+	v.ctl.Stop()
+	v.ctl.Close()
+	select {
+	case rc := <-v.rc:
+		if rc != ExitStopped {
+			t.Errorf("cube-vmm exited %d, want %d: %s", rc, ExitStopped, v.stderr)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("cube-vmm did not stop")
+	}
+}
+
+type lockedBuf struct{ b *bytes.Buffer }
+
+func (l lockedBuf) Write(p []byte) (int, error) { return l.b.Write(p) }
+
+// TestSnapshotRollbackRestoreOps drives snapshot, rollback and restore
+// through cube-vmm's control socket with a counting guest and a disk.
+func TestSnapshotRollbackRestoreOps(t *testing.T) {
+	needKVM(t)
+	dir := t.TempDir()
+	disk := filepath.Join(dir, "disk.img")
+	orig := bytes.Repeat([]byte("snapshot"), 8192)
+	os.WriteFile(disk, orig, 0o644)
+	sock := filepath.Join(dir, "ctl")
+	v := startVMM(t, sock, "-kernel", kernel(t, counterCode), "-memory", "64", "-console", "none",
+		"-control", sock, "-disk", disk+",serial=data", "-rng=false")
+	time.Sleep(100 * time.Millisecond)
+	if err := v.ctl.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	s1 := filepath.Join(dir, "s1")
+	res, err := v.ctl.Snapshot(s1, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("snapshot: %s", res)
+	c1 := snapCounter(t, s1)
+	if c1 == 0 {
+		t.Fatal("counter not running before the snapshot")
+	}
+	// The guest runs on; the disk changes under it.
+	v.ctl.Resume()
+	time.Sleep(50 * time.Millisecond)
+	os.WriteFile(disk, bytes.Repeat([]byte("changed!"), 8192), 0o644)
+	v.ctl.Pause()
+	res, err = v.ctl.Rollback(s1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("rollback: %s", res)
+	if b, _ := os.ReadFile(disk); !bytes.Equal(b, orig) {
+		t.Error("disk not rolled back")
+	}
+	s2 := filepath.Join(dir, "s2")
+	if _, err := v.ctl.Snapshot(s2, false); err != nil {
+		t.Fatal(err)
+	}
+	if c := snapCounter(t, s2); c != c1 {
+		t.Fatalf("after rollback the counter is %d, want %d", c, c1)
+	}
+	// Refusals leave the VM as it was.
+	if _, err := v.ctl.Rollback(filepath.Join(dir, "missing")); err == nil {
+		t.Error("rollback to a missing snapshot succeeded")
+	}
+	if _, err := v.ctl.Snapshot(s2, false); err == nil || !strings.Contains(err.Error(), "exists") {
+		t.Errorf("snapshot over an existing one: %v", err)
+	}
+	v.ctl.Resume()
+	time.Sleep(20 * time.Millisecond)
+	v.ctl.Pause()
+	s3 := filepath.Join(dir, "s3")
+	v.ctl.Snapshot(s3, false)
+	if c := snapCounter(t, s3); c <= c1 {
+		t.Fatalf("counter did not advance after the rollback: %d", c)
+	}
+	v.stop(t)
+
+	// A new process from the snapshot; its disk copy was deleted.
+	os.Remove(disk)
+	r := startVMM(t, sock, "restore", "-paused", s1)
+	s4 := filepath.Join(dir, "s4")
+	if _, err := r.ctl.Snapshot(s4, false); err != nil {
+		t.Fatal(err)
+	}
+	if c := snapCounter(t, s4); c != c1 {
+		t.Fatalf("restored counter %d, want %d", c, c1)
+	}
+	if b, _ := os.ReadFile(disk); !bytes.Equal(b, orig) {
+		t.Error("restore did not recreate the disk from the snapshot")
+	}
+	r.ctl.Resume()
+	time.Sleep(20 * time.Millisecond)
+	r.ctl.Pause()
+	s5 := filepath.Join(dir, "s5")
+	r.ctl.Snapshot(s5, false)
+	if c := snapCounter(t, s5); c <= c1 {
+		t.Fatalf("restored counter did not advance: %d", c)
+	}
+	r.stop(t)
+}
+
+func TestRestoreRefusals(t *testing.T) {
+	dir := t.TempDir()
+	rc, _, errOut := run("restore", filepath.Join(dir, "nothing"))
+	if rc != ExitFailure || !strings.Contains(errOut, "no such file") {
+		t.Errorf("missing snapshot: %d %q", rc, errOut)
+	}
+	rc, _, errOut = run("restore")
+	if rc != ExitUsage {
+		t.Errorf("no dir: %d %q", rc, errOut)
+	}
+}
+
+// TestRollbackRefusesOtherKernel: a snapshot of a VM with another kernel
+// is refused, and the VM keeps running.
+func TestRollbackRefusesOtherKernel(t *testing.T) {
+	needKVM(t)
+	dir := t.TempDir()
+	sockA, sockB := filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	a := startVMM(t, sockA, "-kernel", kernel(t, counterCode), "-memory", "64", "-console", "none", "-control", sockA)
+	snap := filepath.Join(dir, "snap")
+	if _, err := a.ctl.Snapshot(snap, false); err != nil {
+		t.Fatal(err)
+	}
+	a.stop(t)
+	other := append([]byte{0x90}, counterCode...) // a nop in front: another kernel image
+	b := startVMM(t, sockB, "-kernel", kernel(t, other), "-memory", "64", "-console", "none", "-control", sockB)
+	_, err := b.ctl.Rollback(snap)
+	if err == nil || !strings.Contains(err.Error(), "kernel sha256") {
+		t.Fatalf("rollback to another kernel's snapshot: %v", err)
+	}
+	t.Log(err)
+	var info struct{ State string }
+	if err := b.ctl.Info(&info); err != nil || info.State != "running" {
+		t.Fatalf("after the refusal the VM is %q (%v)", info.State, err)
+	}
+	b.stop(t)
+}

@@ -1,0 +1,214 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containerd/ttrpc"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cube-runtime/cube/guest-agent/protocol"
+	"github.com/cube-runtime/cube/hypervisor/virtio/vsock"
+	"github.com/cube-runtime/cube/integration/sandboxenv"
+	"github.com/cube-runtime/cube/integration/vmmrun"
+)
+
+// sandbox is a booted guest with a ttrpc client to its agent.
+type sandbox struct {
+	t      testing.TB
+	vmm    *vmmrun.Process
+	uds    string
+	client protocol.AgentService
+	ready  time.Duration // cube-vmm start to the agent answering Version
+}
+
+// boot starts cube-vmm on the guest image with a private copy of the rootfs disk and waits for the agent.
+func boot(t testing.TB) *sandbox {
+	t.Helper()
+	dir := t.TempDir()
+	disk := filepath.Join(dir, "rootfs.img")
+	b, err := os.ReadFile(rootfsImage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(disk, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := &sandbox{t: t, uds: filepath.Join(dir, "vsock.sock")}
+	start := time.Now()
+	s.vmm = vmmrun.Start(t, cubeVMM, "-kernel", guestKernel, "-initrd", guestInitrd, "-memory", "256",
+		"-cmdline", "console=ttyS0 panic=-1 quiet", "-vsock", s.uds, "-disk", disk+",serial=rootfs0")
+	// The agent listens once its modules are loaded; until then CONNECT is refused.
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		conn, err := vsock.Dial(ctx, s.uds, protocol.AgentPort)
+		if err == nil {
+			c := protocol.NewAgentClient(ttrpc.NewClient(conn))
+			if _, err = c.Version(ctx, &protocol.VersionRequest{}); err == nil {
+				cancel()
+				s.client = c
+				s.ready = time.Since(start)
+				return s
+			}
+			conn.Close()
+		}
+		cancel()
+		if time.Now().After(deadline) {
+			t.Fatalf("agent never answered: %v\nconsole:\n%s\nstderr:\n%s", err, s.vmm.ConsoleTail(), s.vmm.Stderr())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (s *sandbox) ctx() context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	s.t.Cleanup(cancel)
+	return ctx
+}
+
+// stream opens one stdio stream of a process (before Start, so no output is lost).
+func (s *sandbox) stream(id, exec string, which protocol.Stream) io.ReadWriteCloser {
+	s.t.Helper()
+	conn, err := vsock.Dial(s.ctx(), s.uds, protocol.StreamPort)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if err := protocol.OpenStream(conn, protocol.StreamHeader{ContainerID: id, ExecID: exec, Stream: which}); err != nil {
+		conn.Close()
+		s.t.Fatalf("open %v stream of %s/%s: %v", which, id, exec, err)
+	}
+	s.t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+func spec(args ...string) []byte {
+	b, _ := json.Marshal(&specs.Spec{
+		Version:  specs.Version,
+		Process:  &specs.Process{Args: args, Cwd: "/", Env: []string{"PATH=/bin"}},
+		Hostname: "cube-e2e",
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs"},
+		},
+		Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{
+			{Type: specs.MountNamespace}, {Type: specs.PIDNamespace}, {Type: specs.UTSNamespace}, {Type: specs.IPCNamespace},
+		}},
+	})
+	return b
+}
+
+// TestContainerInGuest: boot the guest image, mount the rootfs disk by serial, run a container (output,
+// exit code), exec into a second one, kill it, and power the VM off cleanly.
+func TestContainerInGuest(t *testing.T) {
+	s := boot(t)
+	t.Logf("cube-vmm start to agent answering: %v", s.ready)
+	v, err := s.client.Version(s.ctx(), &protocol.VersionRequest{})
+	if err != nil || !strings.HasPrefix(v.KernelRelease, "6.1.") {
+		t.Fatalf("version = %+v, %v", v, err)
+	}
+	md, err := s.client.MountDisk(s.ctx(), &protocol.MountDiskRequest{Serial: "rootfs0"})
+	if err != nil {
+		t.Fatalf("mount rootfs disk: %v", err)
+	}
+	if _, err := s.client.MountDisk(s.ctx(), &protocol.MountDiskRequest{Serial: "nosuchdisk"}); err == nil {
+		t.Error("mounting a disk that does not exist succeeded")
+	}
+
+	// A container's output and exit code.
+	if _, err := s.client.CreateContainer(s.ctx(), &protocol.CreateContainerRequest{ContainerId: "one", Rootfs: md.MountPoint,
+		Spec: spec("sh", "-c", "cat /etc/motd; hostname; echo pid=$$; exit 3"), Stdio: &protocol.Stdio{Stdout: true}}); err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	out := s.stream("one", "", protocol.Stdout)
+	if _, err := s.client.Start(s.ctx(), &protocol.StartRequest{ContainerId: "one"}); err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	got, _ := io.ReadAll(out)
+	if want := sandboxenv.Motd + "cube-e2e\npid=1\n"; string(got) != want {
+		t.Errorf("output = %q, want %q", got, want)
+	}
+	w, err := s.client.Wait(s.ctx(), &protocol.WaitRequest{ContainerId: "one"})
+	if err != nil || w.ExitStatus != 3 {
+		t.Fatalf("wait = %+v, %v; want exit 3", w, err)
+	}
+	t.Logf("guest kernel %s, agent %s; rootfs disk %s mounted at %s", v.KernelRelease, v.AgentVersion, md.Device, md.MountPoint)
+	t.Logf("container \"one\" printed %q and exited %d", got, w.ExitStatus)
+	if _, err := s.client.Delete(s.ctx(), &protocol.DeleteRequest{ContainerId: "one"}); err != nil {
+		t.Errorf("delete: %v", err)
+	}
+
+	// A long-running container, an exec into it, then SIGTERM.
+	if _, err := s.client.CreateContainer(s.ctx(), &protocol.CreateContainerRequest{ContainerId: "two", Rootfs: md.MountPoint,
+		Spec: spec("sleep", "1000")}); err != nil {
+		t.Fatalf("create two: %v", err)
+	}
+	if _, err := s.client.Start(s.ctx(), &protocol.StartRequest{ContainerId: "two"}); err != nil {
+		t.Fatalf("start two: %v", err)
+	}
+	proc, _ := json.Marshal(&specs.Process{Args: []string{"sh", "-c", "echo exec-sees $(hostname)"}, Cwd: "/", Env: []string{"PATH=/bin"}})
+	if _, err := s.client.ExecProcess(s.ctx(), &protocol.ExecProcessRequest{ContainerId: "two", ExecId: "e1", Process: proc, Stdio: &protocol.Stdio{Stdout: true}}); err != nil {
+		t.Fatalf("exec: %v", err)
+	}
+	eout := s.stream("two", "e1", protocol.Stdout)
+	if _, err := s.client.Start(s.ctx(), &protocol.StartRequest{ContainerId: "two", ExecId: "e1"}); err != nil {
+		t.Fatalf("start exec: %v", err)
+	}
+	if got, _ := io.ReadAll(eout); string(got) != "exec-sees cube-e2e\n" {
+		t.Errorf("exec output = %q", got)
+	} else {
+		t.Logf("exec into container \"two\" printed %q", got)
+	}
+	if w, err := s.client.Wait(s.ctx(), &protocol.WaitRequest{ContainerId: "two", ExecId: "e1"}); err != nil || w.ExitStatus != 0 {
+		t.Errorf("exec wait = %+v, %v", w, err)
+	}
+	pids, err := s.client.ListPids(s.ctx(), &protocol.ListPidsRequest{ContainerId: "two"})
+	if err != nil || len(pids.Pids) == 0 {
+		t.Errorf("list pids = %v, %v", pids, err)
+	}
+	// SIGKILL: sleep is PID 1 of its pid namespace, which ignores SIGTERM without a handler (as under runc).
+	if _, err := s.client.Signal(s.ctx(), &protocol.SignalRequest{ContainerId: "two", Signal: uint32(syscall.SIGKILL)}); err != nil {
+		t.Fatalf("signal: %v", err)
+	}
+	w, err = s.client.Wait(s.ctx(), &protocol.WaitRequest{ContainerId: "two"})
+	if err != nil || w.Signal != uint32(syscall.SIGKILL) || w.ExitStatus != 128+uint32(syscall.SIGKILL) {
+		t.Errorf("wait after SIGKILL = %+v, %v; want signal 9, status 137", w, err)
+	} else {
+		t.Logf("container \"two\" (pids %v) killed: status %d", pids.Pids, w.ExitStatus)
+	}
+	if _, err := s.client.Signal(s.ctx(), &protocol.SignalRequest{ContainerId: "nosuch", Signal: 9}); err == nil {
+		t.Error("signal to an unknown container succeeded")
+	}
+
+	// Clean power-off: cube-vmm exits 0.
+	if _, err := s.client.PowerOff(s.ctx(), &protocol.PowerOffRequest{}); err != nil && !strings.Contains(err.Error(), "closed") {
+		t.Errorf("power off: %v", err)
+	}
+	if st := s.vmm.Wait(t, 2*time.Minute); st != 0 {
+		t.Fatalf("cube-vmm exit %d after power-off, want 0; stderr:\n%s", st, s.vmm.Stderr())
+	}
+	t.Log("guest powered off; cube-vmm exited 0")
+}
+
+// BenchmarkAgentReady: cube-vmm start to the agent answering Version, over 5 boots (test host); reports the
+// median.
+func BenchmarkAgentReady(b *testing.B) {
+	var ds []time.Duration
+	for i := 0; i < 5; i++ {
+		s := boot(b)
+		ds = append(ds, s.ready)
+		s.client.PowerOff(s.ctx(), &protocol.PowerOffRequest{})
+		s.vmm.Wait(b, 2*time.Minute)
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+	b.ReportMetric(float64(ds[len(ds)/2].Milliseconds()), "ms-to-agent")
+	b.Logf("cube-vmm start to agent answering: %v (median %v)", ds, ds[len(ds)/2])
+}

@@ -1,0 +1,500 @@
+package shim
+
+import (
+	"bytes"
+	"context"
+	"crypto/md5"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containerd/console"
+)
+
+// runtime is one way to run a container through ctr: io.cube.v1 on the cube
+// snapshotter, or runc on overlayfs as the reference for exit codes and signals.
+type runtime struct {
+	name string
+	args []string // ctr run flags
+}
+
+var (
+	cubeRuntime = runtime{"cube", []string{"--runtime", "io.cube.v1", "--snapshotter", "cube"}}
+	// pivot_root fails when / is the test host's initramfs.
+	runcRuntime = runtime{"runc", []string{"--runtime", "io.containerd.runc.v2", "--no-pivot"}}
+)
+
+// runtimes is io.cube.v1, then runc when the test host has it (every
+// scenario expects the same from both: runc is what "exactly as runc" means).
+func runtimes(t *testing.T) []runtime {
+	if _, err := os.Stat("/cube/bin/runc"); err != nil {
+		t.Log("runc not in the test host (not found on the machine): io.cube.v1 only, no side-by-side comparison")
+		return []runtime{cubeRuntime}
+	}
+	return []runtime{cubeRuntime, runcRuntime}
+}
+
+// bg is a ctr command running in the background.
+type bg struct {
+	cmd  *exec.Cmd
+	mu   sync.Mutex // out is written by exec's copy goroutines
+	out  *bytes.Buffer
+	done chan struct{}
+	rc   int
+	err  error
+}
+
+// ctrBG starts ctr without waiting for it (a foreground `ctr run` or `ctr
+// task exec` whose exit status the test reads later).
+func (d *daemons) ctrBG(t *testing.T, args ...string) *bg {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	b := &bg{cmd: d.ctrCmd(ctx, args...), out: &bytes.Buffer{}, done: make(chan struct{})}
+	w := lockedWriter{&b.mu, b.out}
+	b.cmd.Stdout, b.cmd.Stderr = w, w
+	b.cmd.WaitDelay = 10 * time.Second
+	if err := b.cmd.Start(); err != nil {
+		cancel()
+		t.Fatalf("start ctr %v: %v", args, err)
+	}
+	go func() {
+		defer cancel()
+		defer close(b.done)
+		b.err = b.cmd.Wait()
+		var ee *exec.ExitError
+		if errors.As(b.err, &ee) {
+			b.rc, b.err = ee.ExitCode(), nil
+		}
+	}()
+	t.Cleanup(func() {
+		b.cmd.Process.Kill()
+		<-b.done
+	})
+	return b
+}
+
+// waitOutput waits until the background ctr has printed want.
+func (b *bg) waitOutput(t *testing.T, want string, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		b.mu.Lock()
+		ok := strings.Contains(b.out.String(), want)
+		b.mu.Unlock()
+		if ok {
+			return
+		}
+		select {
+		case <-b.done:
+			t.Fatalf("ctr %v exited (rc %d) without printing %q:\n%s", b.cmd.Args[5:], b.rc, want, b.out.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ctr %v: no %q after %v", b.cmd.Args[5:], want, within)
+		}
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// wait returns the background ctr's exit status and output.
+func (b *bg) wait(t *testing.T, within time.Duration) (int, string) {
+	t.Helper()
+	select {
+	case <-b.done:
+	case <-time.After(within):
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		t.Fatalf("ctr %v still running after %v; output:\n%s", b.cmd.Args[5:], within, b.out)
+	}
+	t.Logf("ctr %s: rc %d\n%s", strings.Join(b.cmd.Args[5:], " "), b.rc, b.out)
+	if b.err != nil {
+		t.Fatalf("ctr %v: %v", b.cmd.Args[5:], b.err)
+	}
+	return b.rc, b.out.String()
+}
+
+// taskInfo is one line of `ctr task ls`.
+type taskInfo struct {
+	pid    int
+	status string
+}
+
+// tasks parses `ctr task ls` (TASK PID STATUS).
+func (d *daemons) tasks(t *testing.T) map[string]taskInfo {
+	t.Helper()
+	out, rc, err := d.ctrQuiet(nil, "task", "ls")
+	if err != nil || rc != 0 {
+		t.Fatalf("ctr task ls: rc %d %v\n%s", rc, err, out)
+	}
+	m := map[string]taskInfo{}
+	for _, l := range strings.Split(out, "\n")[1:] {
+		f := strings.Fields(l)
+		if len(f) != 3 {
+			continue
+		}
+		pid, _ := strconv.Atoi(f[1])
+		m[f[0]] = taskInfo{pid, f[2]}
+	}
+	return m
+}
+
+// waitStatus polls `ctr task ls` until the task has the status.
+func (d *daemons) waitStatus(t *testing.T, id, status string, within time.Duration) taskInfo {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		tk, ok := d.tasks(t)[id]
+		if ok && tk.status == status {
+			return tk
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("task %s: %+v (listed: %v), want %s within %v", id, tk, ok, status, within)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// runDetached starts a long-running container (`ctr run -d`) and removes it
+// (task and container) when the test ends.
+func (d *daemons) runDetached(t *testing.T, rt runtime, id string, cmd ...string) taskInfo {
+	t.Helper()
+	args := append(append([]string{"run", "-d"}, rt.args...), imageRef, id)
+	if out, rc, err := d.ctr(append(args, cmd...)...); err != nil || rc != 0 {
+		t.Fatalf("%s: ctr run -d: rc %d %v\n%s", rt.name, rc, err, out)
+	}
+	t.Cleanup(func() { d.remove(t, id) })
+	return d.waitStatus(t, id, "RUNNING", time.Minute)
+}
+
+// remove force-deletes a container's task and the container.
+func (d *daemons) remove(t *testing.T, id string) {
+	if _, ok := d.tasks(t)[id]; ok {
+		if out, rc, err := d.ctrQuiet(nil, "task", "rm", "-f", id); err != nil || rc != 0 {
+			t.Errorf("ctr task rm -f %s: rc %d %v\n%s", id, rc, err, out)
+		}
+	}
+	if out, rc, err := d.ctrQuiet(nil, "container", "rm", id); err != nil || rc != 0 {
+		t.Errorf("ctr container rm %s: rc %d %v\n%s", id, rc, err, out)
+	}
+}
+
+// TestCtrTasks drives io.cube.v1 containers through containerd 2.4.2 and ctr
+// as a user does — task exec, kill, pause/resume, piped stdin, -t terminals,
+// a killed VMM, a containerd restart — and runs each scenario with runc on
+// the same containerd, expecting the same output and exit statuses from both.
+func TestCtrTasks(t *testing.T) {
+	d := startDaemons(t)
+	rts := runtimes(t)
+
+	t.Run("exec", func(t *testing.T) {
+		for _, rt := range rts {
+			id := rt.name + "-exec"
+			d.runDetached(t, rt, id, "sleep", "1000")
+			out, rc, err := d.ctr("task", "exec", "--exec-id", "e1", id, "sh", "-c", "echo exec-out; echo exec-err >&2; exit 5")
+			if err != nil || rc != 5 {
+				t.Errorf("%s: ctr task exec: rc %d %v, want 5", rt.name, rc, err)
+			}
+			for _, want := range []string{"exec-out", "exec-err"} {
+				if !strings.Contains(out, want) {
+					t.Errorf("%s: exec output lacks %q", rt.name, want)
+				}
+			}
+			// The exec sees the container's rootfs and namespaces: it is not pid 1, the init is.
+			out, rc, _ = d.ctr("task", "exec", "--exec-id", "e2", id, "sh", "-c", "cat /proc/1/cmdline | busybox tr '\\0' ' '; echo; echo pid=$$")
+			if rc != 0 || !strings.Contains(out, "sleep 1000") || strings.Contains(out, "pid=1\n") {
+				t.Errorf("%s: exec does not see the container's init as pid 1: rc %d\n%s", rt.name, rc, out)
+			}
+		}
+	})
+
+	t.Run("kill", func(t *testing.T) {
+		for _, rt := range rts {
+			id := rt.name + "-kill"
+			d.runDetached(t, rt, id, "sleep", "1000")
+			// An exec'd process (not a pid-namespace init) dies of SIGTERM: 128+15.
+			for _, c := range []struct {
+				sig  string
+				want int
+			}{{"SIGTERM", 143}, {"SIGKILL", 137}} {
+				execID := "k-" + strings.ToLower(c.sig)
+				// Signal it once it runs (its output says so), not while containerd is still starting it.
+				e := d.ctrBG(t, "task", "exec", "--exec-id", execID, id, "sh", "-c", "echo started; exec sleep 1000")
+				e.waitOutput(t, "started", time.Minute)
+				if out, rc, err := d.ctr("task", "kill", "--exec-id", execID, "-s", c.sig, id); err != nil || rc != 0 {
+					t.Fatalf("%s: ctr task kill --exec-id -s %s: rc %d %v\n%s", rt.name, c.sig, rc, err, out)
+				}
+				if rc, _ := e.wait(t, time.Minute); rc != c.want {
+					t.Errorf("%s: exec killed with %s: ctr exit status %d, want %d", rt.name, c.sig, rc, c.want)
+				}
+			}
+			// The init of a pid namespace ignores SIGTERM without a handler (the kernel drops it) — with
+			// runc, and so also in the microVM.
+			if out, rc, err := d.ctr("task", "kill", id); err != nil || rc != 0 {
+				t.Fatalf("%s: ctr task kill: rc %d %v\n%s", rt.name, rc, err, out)
+			}
+			time.Sleep(2 * time.Second)
+			if tk := d.tasks(t)[id]; tk.status != "RUNNING" {
+				t.Errorf("%s: init without a SIGTERM handler: %+v after SIGTERM, want RUNNING", rt.name, tk)
+			}
+		}
+		// The container's init killed: the foreground `ctr run` returns the task's status.
+		for _, rt := range rts {
+			for _, c := range []struct {
+				sig   string
+				cmd   []string
+				want  int
+				label string
+			}{
+				{"SIGKILL", []string{"sh", "-c", "echo started; exec sleep 1000"}, 137, "sigkill"},
+				// An init can only die of SIGTERM through a handler: this one exits 143.
+				{"SIGTERM", []string{"sh", "-c", "trap 'exit 143' TERM; echo started; while :; do sleep 0.1; done"}, 143, "sigterm"},
+			} {
+				id := rt.name + "-init-" + c.label
+				r := d.ctrBG(t, append(append(append([]string{"run", "--rm"}, rt.args...), imageRef, id), c.cmd...)...)
+				// Signal once the handler is in place (the shell printed), not while the shell starts.
+				r.waitOutput(t, "started", time.Minute)
+				if out, rc, err := d.ctr("task", "kill", "-s", c.sig, id); err != nil || rc != 0 {
+					t.Fatalf("%s: ctr task kill -s %s: rc %d %v\n%s", rt.name, c.sig, rc, err, out)
+				}
+				if rc, _ := r.wait(t, time.Minute); rc != c.want {
+					t.Errorf("%s: init killed with %s: ctr run exit status %d, want %d", rt.name, c.sig, rc, c.want)
+				}
+			}
+		}
+	})
+
+	t.Run("pause-resume", func(t *testing.T) {
+		for _, rt := range rts {
+			id := rt.name + "-pause"
+			d.runDetached(t, rt, id, "sh", "-c", "i=0; while :; do i=$((i+1)); echo $i > /count; sleep 0.1; done")
+			count := func() int {
+				t.Helper()
+				out, rc, err := d.ctrQuiet(nil, "task", "exec", "--exec-id", fmt.Sprintf("c%d", time.Now().UnixNano()), id, "cat", "/count")
+				n, perr := strconv.Atoi(strings.TrimSpace(out))
+				if err != nil || rc != 0 || perr != nil {
+					t.Fatalf("%s: read the counter: rc %d %v %v\n%s", rt.name, rc, err, perr, out)
+				}
+				return n
+			}
+			time.Sleep(time.Second)
+			count()
+			if out, rc, err := d.ctr("task", "pause", id); err != nil || rc != 0 {
+				t.Fatalf("%s: ctr task pause: rc %d %v\n%s", rt.name, rc, err, out)
+			}
+			d.waitStatus(t, id, "PAUSED", 10*time.Second)
+			time.Sleep(time.Second)
+			if tk := d.tasks(t)[id]; tk.status != "PAUSED" {
+				t.Errorf("%s: %+v a second after pause, want PAUSED", rt.name, tk)
+			}
+			if out, rc, err := d.ctr("task", "resume", id); err != nil || rc != 0 {
+				t.Fatalf("%s: ctr task resume: rc %d %v\n%s", rt.name, rc, err, out)
+			}
+			d.waitStatus(t, id, "RUNNING", 10*time.Second)
+			// The same process carries on counting (not restarted: the count goes on from where it was).
+			before := count()
+			time.Sleep(time.Second)
+			if after := count(); after <= before {
+				t.Errorf("%s: counter %d then %d a second later: the process did not continue after resume", rt.name, before, after)
+			}
+		}
+	})
+
+	t.Run("stdin", func(t *testing.T) {
+		// 256 KiB of distinct lines through containerd's stdin fifo into the guest and back out.
+		var in bytes.Buffer
+		for i := 0; in.Len() < 256<<10; i++ {
+			fmt.Fprintf(&in, "line %d of the piped input\n", i)
+		}
+		want := fmt.Sprintf("%x", md5.Sum(in.Bytes()))
+		for _, rt := range rts {
+			args := append(append([]string{"run", "--rm"}, rt.args...), imageRef, rt.name+"-stdin", "sh", "-c", "busybox md5sum; exit 4")
+			out, rc, err := d.ctrQuiet(bytes.NewReader(in.Bytes()), args...)
+			t.Logf("%s: echo … | ctr run … md5sum: rc %d\n%s", rt.name, rc, out)
+			if err != nil || rc != 4 {
+				t.Errorf("%s: rc %d %v, want 4", rt.name, rc, err)
+			}
+			if !strings.Contains(out, want) {
+				t.Errorf("%s: md5 of stdin in the container is not %s", rt.name, want)
+			}
+		}
+		// The short case from the issue, `echo x | ctr run … cat`: io.cube.v1 only — with runc it once hung
+		// in the test host after printing the line (ctr never returned), which is not ours to test.
+		args := append(append([]string{"run", "--rm"}, cubeRuntime.args...), imageRef, "cube-stdin2", "cat")
+		out, rc, err := d.ctrQuiet(strings.NewReader("piped-x\n"), args...)
+		if err != nil || rc != 0 || out != "piped-x\n" {
+			t.Errorf("echo piped-x | ctr run … cat: rc %d %v, output %q", rc, err, out)
+		}
+	})
+
+	t.Run("tty", func(t *testing.T) {
+		for _, rt := range rts {
+			rc, out := d.ctrTTY(t, console.WinSize{Height: 31, Width: 97},
+				append(append([]string{"run", "-t", "--rm"}, rt.args...), imageRef, rt.name+"-tty",
+					"sh", "-c", "busybox tty; busybox stty size; [ -t 0 ] && echo stdin-is-tty; exit 6")...)
+			if rc != 6 {
+				t.Errorf("%s: ctr run -t: rc %d, want 6", rt.name, rc)
+			}
+			// The terminal has a name in the container's own devpts, as with runc.
+			for _, want := range []string{"/dev/pts/", "31 97", "stdin-is-tty"} {
+				if !strings.Contains(out, want) {
+					t.Errorf("%s: terminal output lacks %q", rt.name, want)
+				}
+			}
+			// `ctr task exec -t` into a running container. No size check here: ctr sizes an exec's terminal
+			// only after starting it, so the process may run before that (seen with runc: "stty: standard
+			// input", then "cannot resize a stopped container").
+			id := rt.name + "-ttyexec"
+			d.runDetached(t, rt, id, "sleep", "1000")
+			rc, out = d.ctrTTY(t, console.WinSize{Height: 22, Width: 88},
+				"task", "exec", "-t", "--exec-id", "t1", id, "sh", "-c", "busybox tty; [ -t 0 ] && echo stdin-is-tty; exit 3")
+			if rc != 3 || !strings.Contains(out, "/dev/pts/") || !strings.Contains(out, "stdin-is-tty") {
+				t.Errorf("%s: ctr task exec -t: rc %d (want 3), output %q (want a /dev/pts name and stdin-is-tty)", rt.name, rc, out)
+			}
+		}
+	})
+
+	t.Run("vmm-killed", func(t *testing.T) {
+		// The test host's kernel panicked ("corrupted stack end detected inside scheduler") in 3 of about 6
+		// runs of this scenario: kill -9 of a VMM whose guest runs under containerd, inside TCG's nested
+		// AMD-V. TestVMMKilled covers a killed VMM through the task service in every run; this one is opt-in
+		// until the panic is understood (README, "Known problems").
+		if os.Getenv("CUBE_E2E_VMM_KILL") != "1" {
+			t.Skip("kill -9 of cube-vmm through containerd panics the TCG test host's kernel too often; set CUBE_E2E_VMM_KILL=1 to run it")
+		}
+		// cube only: runc has no VMM. The task's pid in containerd is the VMM's host pid.
+		id := "cube-vmmkill"
+		tk := d.runDetached(t, cubeRuntime, id, "sleep", "1000")
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", tk.pid))
+		if err != nil || !bytes.Contains(cmdline, []byte("cube-vmm")) {
+			t.Fatalf("task pid %d is not cube-vmm: %q %v", tk.pid, cmdline, err)
+		}
+		if err := syscall.Kill(tk.pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		d.waitStatus(t, id, "STOPPED", time.Minute)
+		// `ctr task rm` reports the exit status (as a warning; it exits 0): a crashed VM ends its processes
+		// as if SIGKILLed.
+		out, rc, err := d.ctr("task", "rm", id)
+		if err != nil || rc != 0 || !strings.Contains(out, "exit code 137") {
+			t.Errorf("ctr task rm after the VMM was killed: rc %d %v, want 0 and exit code 137 reported", rc, err)
+		}
+		// A foreground `ctr run` returns non-zero when its VMM dies.
+		id = "cube-vmmkill-fg"
+		r := d.ctrBG(t, append(append([]string{"run", "--rm"}, cubeRuntime.args...), imageRef, id, "sleep", "1000")...)
+		tk = d.waitStatus(t, id, "RUNNING", time.Minute)
+		if err := syscall.Kill(tk.pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		if rc, _ := r.wait(t, time.Minute); rc != 137 {
+			t.Errorf("ctr run whose VMM was killed: rc %d, want 137", rc)
+		}
+		if ents, _ := os.ReadDir(d.dir + "/vms"); len(ents) != 0 {
+			t.Errorf("sandbox state left after the VMM died: %v", ents)
+		}
+	})
+
+	t.Run("containerd-restart", func(t *testing.T) {
+		pids := map[string]int{}
+		for _, rt := range rts {
+			id := rt.name + "-restart"
+			pids[id] = d.runDetached(t, rt, id, "sleep", "1000").pid
+		}
+		// Stop containerd as an operator would (SIGTERM) and start it again on the same root and state.
+		d.cd.Process.Signal(syscall.SIGTERM)
+		if err := d.cd.Wait(); err != nil {
+			t.Logf("containerd exit: %v", err)
+		}
+		for id, pid := range pids {
+			if err := syscall.Kill(pid, 0); err != nil {
+				t.Errorf("%s: task pid %d gone while containerd was down: %v", id, pid, err)
+			}
+		}
+		if err := d.startContainerd(); err != nil {
+			t.Fatal(err)
+		}
+		ls := d.tasks(t)
+		for id, pid := range pids {
+			if tk := ls[id]; tk.status != "RUNNING" || tk.pid != pid {
+				t.Errorf("%s after the restart: %+v, want RUNNING with pid %d", id, tk, pid)
+			}
+			out, rc, err := d.ctr("task", "exec", "--exec-id", "after", id, "sh", "-c", "echo still-here; exit 2")
+			if err != nil || rc != 2 || !strings.Contains(out, "still-here") {
+				t.Errorf("%s: ctr task exec after the restart: rc %d %v, want 2 and the output", id, rc, err)
+			}
+		}
+	})
+}
+
+// ctrTTY runs ctr with a pseudo-terminal of the given size as its stdin,
+// stdout and stderr (ctr -t insists on a terminal) and returns its exit
+// status and everything written to the terminal.
+func (d *daemons) ctrTTY(t *testing.T, size console.WinSize, args ...string) (int, string) {
+	t.Helper()
+	master, slavePath, err := console.NewPty()
+	if err != nil {
+		t.Fatalf("pty: %v", err)
+	}
+	defer master.Close()
+	if err := master.Resize(size); err != nil {
+		t.Fatalf("pty size: %v", err)
+	}
+	slave, err := os.OpenFile(slavePath, os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatalf("open %s: %v", slavePath, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := d.ctrCmd(ctx, args...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true}
+	err = cmd.Start()
+	slave.Close() // ctr has its own; the master reads EIO once ctr's copies close
+	if err != nil {
+		t.Fatalf("start ctr: %v", err)
+	}
+	var (
+		out bytes.Buffer
+		wg  sync.WaitGroup
+	)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		io.Copy(&out, master) // ends with EIO when the last slave fd closes
+	}()
+	err = cmd.Wait()
+	rc := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		rc = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("ctr %v: %v", args, err)
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second): // something else still holds the terminal: take what came
+		master.Close()
+		<-done
+	}
+	t.Logf("ctr %s (tty): rc %d\n%s", strings.Join(args, " "), rc, out.String())
+	return rc, out.String()
+}

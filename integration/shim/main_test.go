@@ -1,0 +1,102 @@
+// Package shim is the shim's end-to-end test: inside the test host, the
+// shim's task service (shim/task, the code containerd drives through
+// containerd-shim-cube-v1) runs containers in microVMs with the real
+// cube-vmm, the real guest agent and the guest image, over real containerd
+// fifos. containerd itself is not in the loop yet (see docs/shim.md).
+package shim
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cube-runtime/cube/integration/sandboxenv"
+	"github.com/cube-runtime/cube/integration/testhost"
+)
+
+// Paths inside the test host.
+const (
+	cubeVMM     = sandboxenv.CubeVMM
+	guestKernel = sandboxenv.GuestKernel
+	guestInitrd = sandboxenv.GuestInitrd
+	rootfsImage = sandboxenv.RootfsImage
+	// For the containerd test: containerd 2.4.2 and ctr from the machine,
+	// our shim and snapshotter, and a busybox OCI image tar.
+	containerdBin  = "/cube/bin/containerd"
+	ctrBin         = "/cube/bin/ctr"
+	shimBin        = "/cube/bin/containerd-shim-cube-v1"
+	snapshotterBin = "/cube/bin/cube-snapshotter"
+	imageTar       = "/cube/image.tar"
+	imageRef       = "docker.io/cube/e2e:latest"
+)
+
+func TestMain(m *testing.M) {
+	if testhost.Inside() {
+		os.Exit(m.Run())
+	}
+	// Decide before building anything: -short leaves the test host out.
+	flag.Parse()
+	if testing.Short() {
+		fmt.Println("SKIP: the shim's end-to-end tests run in the QEMU test host, which -short leaves out (run `make e2e-shim`)")
+		os.Exit(0)
+	}
+	env, err := sandboxenv.Prepare("cube-shim-e2e-", map[string]string{
+		shimBin:        "github.com/cube-runtime/cube/cmd/containerd-shim-cube-v1",
+		snapshotterBin: "github.com/cube-runtime/cube/cmd/cube-snapshotter",
+	})
+	if err == nil {
+		err = writeImageTar(env)
+	}
+	if err == nil {
+		// The CRI test's containerd imports the contrib snippet as shipped.
+		env.Files[criContribConfig], err = filepath.Abs("../../contrib/containerd/cube-runtime.toml")
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: prepare guest artifacts: %v\n", err)
+		if env != nil {
+			env.Close()
+		}
+		os.Exit(1)
+	}
+	// containerd and ctr come from the machine (.ci/install.d/containerd.sh);
+	// without them TestCtrRun skips inside the test host and says so.
+	for dst, name := range map[string]string{containerdBin: "containerd", ctrBin: "ctr", crictlBin: "crictl",
+		"/cube/bin/containerd-shim-runc-v2": "containerd-shim-runc-v2", "/cube/bin/runc": "runc"} {
+		if p, err := exec.LookPath(name); err == nil {
+			env.Files[dst] = p
+		}
+	}
+	var envs []string
+	if v := os.Getenv("CUBE_E2E_VMM_KILL"); v != "" {
+		envs = append(envs, "CUBE_E2E_VMM_KILL="+v) // opt-in scenario of TestCtrTasks
+	}
+	code := testhost.RunMain(m, testhost.Options{
+		Env:     envs,
+		Timeout: 25 * time.Minute,
+		Files:   env.Files,
+		// The snapshotter makes ext4 images; containerd's diff applier
+		// loop-mounts them to unpack layers.
+		Tools:   []string{"mkfs.ext4", "debugfs"},
+		Modules: []string{"loop", "overlay"},
+	})
+	env.Close() // not deferred: os.Exit skips deferred calls
+	os.Exit(code)
+}
+
+// writeImageTar writes the busybox OCI image tar that TestCtrRun imports.
+func writeImageTar(env *sandboxenv.Env) error {
+	img, err := ociImageTar("/bin/busybox", imageRef, []string{"sh", "echo", "cat", "sleep", "hostname", "true"})
+	if err != nil {
+		return fmt.Errorf("image tar: %w", err)
+	}
+	p := filepath.Join(env.Dir, "image.tar")
+	if err := os.WriteFile(p, img, 0o644); err != nil {
+		return err
+	}
+	env.Files[imageTar] = p
+	return nil
+}

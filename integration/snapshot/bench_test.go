@@ -1,0 +1,603 @@
+package snapshot
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cube-runtime/cube/hypervisor/control"
+)
+
+// The benchmarks run in the test host (nested KVM under TCG): absolute times are not hardware times, so every
+// figure is set beside QEMU's (same kernel, same bench initramfs, same memory size, one vCPU each) and the
+// ratios are what count. Each benchmark runs its own fixed number of iterations (benchRuns; use -benchtime=1x)
+// and prints a table; the medians are also reported as metrics.
+
+const benchRuns = 10
+
+// benchInit is the bench guest's /init: fill bench.rand MiB of a tmpfs with random data (guest memory that is
+// neither zero nor shared), say BENCH-READY, then serve console commands: "dirty N TAG" rewrites N MiB of
+// another tmpfs file from the random one (N MiB of guest pages dirtied), "ping TAG" answers.
+const benchInit = `#!/bin/busybox sh
+/bin/busybox mount -t devtmpfs dev /dev 2>/dev/null
+exec </dev/console >/dev/console 2>&1
+/bin/busybox mkdir -p /proc /mem
+/bin/busybox mount -t proc proc /proc
+/bin/busybox mount -t tmpfs -o size=95% tmpfs /mem
+mb=$(/bin/busybox sed -n 's/.*bench\.rand=\([0-9]*\).*/\1/p' /proc/cmdline)
+/bin/busybox dd if=/dev/urandom of=/mem/rand bs=1M count=${mb:-0} 2>/dev/null
+echo "BENCH-READY $(/bin/busybox ls -l /mem | /bin/busybox tr '\n' ' ')"
+while read cmd n tag; do
+  case "$cmd" in
+  dirty) r=$(/bin/busybox dd if=/mem/rand of=/mem/dirty bs=1M count=$n conv=notrunc 2>&1 | /bin/busybox tail -1); echo "DIRTY-DONE $tag $r; rand $(/bin/busybox wc -c </mem/rand) bytes";;
+  ping) echo "PONG $n";;
+  esac
+done
+/bin/busybox sleep 1000000
+`
+
+const benchCmdline = "console=ttyS0 panic=-1 quiet"
+
+// proc is a VMM process: console lines collected, stdin writable, killed with its group at the end.
+type proc struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	mu    sync.Mutex
+	lines []string
+	errb  bytes.Buffer
+	done  chan struct{}
+}
+
+func startProc(tb testing.TB, name string, args ...string) *proc {
+	tb.Helper()
+	p := &proc{cmd: exec.Command(name, args...), done: make(chan struct{})}
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	p.cmd.Stderr = &lockedBuf{mu: &p.mu, b: &p.errb}
+	var err error
+	if p.stdin, err = p.cmd.StdinPipe(); err != nil {
+		tb.Fatal(err)
+	}
+	out, err := p.cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		tb.Fatalf("start %s: %v", name, err)
+	}
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.lines = append(p.lines, strings.TrimRight(sc.Text(), "\r"))
+			p.mu.Unlock()
+		}
+		p.cmd.Wait()
+		close(p.done)
+	}()
+	tb.Cleanup(p.kill)
+	return p
+}
+
+type lockedBuf struct {
+	mu *sync.Mutex
+	b  *bytes.Buffer
+}
+
+func (l *lockedBuf) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(b)
+}
+
+func (p *proc) kill() {
+	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.done
+}
+
+func (p *proc) tail() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	l := p.lines[max(0, len(p.lines)-20):]
+	return strings.Join(l, "\n") + "\nstderr:\n" + lastN(p.errb.String(), 2000)
+}
+
+func lastN(s string, n int) string { return s[max(0, len(s)-n):] }
+
+// waitLine waits for a console line starting with prefix.
+func (p *proc) waitLine(tb testing.TB, prefix string, timeout time.Duration) string {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	seen := 0
+	for {
+		p.mu.Lock()
+		for ; seen < len(p.lines); seen++ {
+			if l := p.lines[seen]; strings.HasPrefix(l, prefix) {
+				p.mu.Unlock()
+				return l
+			}
+		}
+		p.mu.Unlock()
+		select {
+		case <-p.done:
+			tb.Fatalf("%s exited before %q:\n%s", p.cmd.Path, prefix, p.tail())
+		default:
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("no %q from %s in %v:\n%s", prefix, p.cmd.Path, timeout, p.tail())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (p *proc) wait(tb testing.TB, timeout time.Duration) {
+	tb.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		tb.Fatalf("%s did not exit:\n%s", p.cmd.Path, p.tail())
+	}
+}
+
+// ---- cube-vmm ----
+
+type cubeVM struct {
+	p   *proc
+	ctl *control.Client
+}
+
+func dialControl(tb testing.TB, p *proc, sock string, timeout time.Duration) *control.Client {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		c, err := control.Dial(sock)
+		if err == nil {
+			return c
+		}
+		select {
+		case <-p.done:
+			tb.Fatalf("cube-vmm exited: %v\n%s", err, p.tail())
+		default:
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("control socket %s: %v\n%s", sock, err, p.tail())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func bootCube(tb testing.TB, dir string, memMiB, randMiB int) *cubeVM {
+	tb.Helper()
+	sock := filepath.Join(dir, "cube-ctl.sock")
+	p := startProc(tb, cubeVMM, "-kernel", guestKernel, "-initrd", benchInitrd, "-memory", fmt.Sprint(memMiB), "-vcpus", "1",
+		"-cmdline", fmt.Sprintf("%s bench.rand=%d", benchCmdline, randMiB), "-console-input", "stdin", "-control", sock)
+	tb.Logf("cube-vmm %d MiB guest: %s", memMiB, p.waitLine(tb, "BENCH-READY", 5*time.Minute))
+	return &cubeVM{p: p, ctl: dialControl(tb, p, sock, time.Minute)}
+}
+
+func (v *cubeVM) stop(tb testing.TB) {
+	v.ctl.Stop()
+	v.ctl.Close()
+	v.p.wait(tb, time.Minute)
+}
+
+type snapResult struct {
+	FrozenMS    float64 `json:"frozen_ms"`
+	TotalMS     float64 `json:"total_ms"`
+	PrepareMS   float64 `json:"prepare_ms"`
+	MemoryBytes int64   `json:"memory_bytes"`
+}
+
+func (v *cubeVM) snapshot(tb testing.TB, dir string, incremental bool) (time.Duration, snapResult) {
+	tb.Helper()
+	t0 := time.Now()
+	raw, err := v.ctl.Snapshot(dir, incremental)
+	d := time.Since(t0)
+	if err != nil {
+		tb.Fatalf("snapshot: %v\n%s", err, v.p.tail())
+	}
+	var r snapResult
+	json.Unmarshal(raw, &r)
+	return d, r
+}
+
+func (v *cubeVM) rollback(tb testing.TB, dir string) (time.Duration, snapResult) {
+	tb.Helper()
+	t0 := time.Now()
+	raw, err := v.ctl.Rollback(dir)
+	d := time.Since(t0)
+	if err != nil {
+		tb.Fatalf("rollback: %v\n%s", err, v.p.tail())
+	}
+	var r snapResult
+	json.Unmarshal(raw, &r)
+	return d, r
+}
+
+// restoreCube launches cube-vmm restore and returns the time from the launch to the control socket saying
+// "running" (the socket appears once the vCPUs run); the VM is stopped again untimed.
+func restoreCube(tb testing.TB, dir, snap string) time.Duration {
+	d, _ := restoreCubeLog(tb, dir, snap)
+	return d
+}
+
+// restoreCubeLog is restoreCube with extra flags; it also returns cube-vmm's stderr.
+func restoreCubeLog(tb testing.TB, dir, snap string, flags ...string) (time.Duration, string) {
+	tb.Helper()
+	sock := filepath.Join(dir, "cube-restored.sock")
+	t0 := time.Now()
+	p := startProc(tb, cubeVMM, append(append([]string{"restore", "-control", sock}, flags...), snap)...)
+	ctl := dialControl(tb, p, sock, time.Minute)
+	var info struct {
+		State string `json:"state"`
+	}
+	for {
+		if err := ctl.Info(&info); err != nil {
+			tb.Fatalf("info: %v\n%s", err, p.tail())
+		}
+		if info.State == "running" {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	d := time.Since(t0)
+	ctl.Stop()
+	ctl.Close()
+	p.wait(tb, time.Minute)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return d, p.errb.String()
+}
+
+// launchCost is the median time to run a VMM binary that does nothing (exec → exit): the part of a
+// launch-to-running figure that is process start, not restore.
+func launchCost(tb testing.TB, name string, args ...string) series {
+	var out series
+	for range benchRuns {
+		t0 := time.Now()
+		exec.Command(name, args...).Run() // a usage error is the point
+		out = append(out, time.Since(t0))
+	}
+	return out
+}
+
+// ---- QEMU ----
+
+type qmp struct {
+	c net.Conn
+	r *bufio.Reader
+}
+
+func dialQMP(tb testing.TB, p *proc, sock string, timeout time.Duration) *qmp {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		c, err := net.Dial("unix", sock)
+		if err == nil {
+			q := &qmp{c: c, r: bufio.NewReader(c)}
+			if _, err := q.r.ReadString('\n'); err != nil { // greeting
+				tb.Fatalf("qmp greeting: %v", err)
+			}
+			q.do(tb, "qmp_capabilities", nil)
+			return q
+		}
+		select {
+		case <-p.done:
+			tb.Fatalf("qemu exited: %v\n%s", err, p.tail())
+		default:
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("qmp socket %s: %v\n%s", sock, err, p.tail())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func (q *qmp) do(tb testing.TB, cmd string, args any) json.RawMessage {
+	tb.Helper()
+	req := map[string]any{"execute": cmd}
+	if args != nil {
+		req["arguments"] = args
+	}
+	b, _ := json.Marshal(req)
+	if _, err := q.c.Write(append(b, '\n')); err != nil {
+		tb.Fatalf("qmp %s: %v", cmd, err)
+	}
+	for {
+		line, err := q.r.ReadBytes('\n')
+		if err != nil {
+			if cmd == "quit" {
+				return nil
+			}
+			tb.Fatalf("qmp %s: %v", cmd, err)
+		}
+		var resp struct {
+			Return json.RawMessage `json:"return"`
+			Error  *struct {
+				Desc string `json:"desc"`
+			} `json:"error"`
+			Event string `json:"event"`
+		}
+		if err := json.Unmarshal(line, &resp); err != nil {
+			tb.Fatalf("qmp %s: %q: %v", cmd, line, err)
+		}
+		if resp.Event != "" {
+			continue
+		}
+		if resp.Error != nil {
+			tb.Fatalf("qmp %s: %s", cmd, resp.Error.Desc)
+		}
+		return resp.Return
+	}
+}
+
+func (q *qmp) status(tb testing.TB) string {
+	var s struct {
+		Status string `json:"status"`
+	}
+	json.Unmarshal(q.do(tb, "query-status", nil), &s)
+	return s.Status
+}
+
+type qemuVM struct {
+	p *proc
+	q *qmp
+}
+
+func qemuArgs(sock string, memMiB, randMiB int) []string {
+	return []string{"-enable-kvm", "-M", "pc", "-cpu", "host", "-smp", "1", "-m", fmt.Sprint(memMiB),
+		"-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio",
+		"-kernel", guestKernel, "-initrd", benchInitrd, "-append", fmt.Sprintf("%s bench.rand=%d", benchCmdline, randMiB),
+		"-qmp", "unix:" + sock + ",server=on,wait=off"}
+}
+
+func bootQEMU(tb testing.TB, dir string, memMiB, randMiB int) *qemuVM {
+	tb.Helper()
+	sock := filepath.Join(dir, "qemu-qmp.sock")
+	p := startProc(tb, "qemu-system-x86_64", qemuArgs(sock, memMiB, randMiB)...)
+	q := dialQMP(tb, p, sock, time.Minute)
+	p.waitLine(tb, "BENCH-READY", 5*time.Minute)
+	// QEMU at its fastest: no migration bandwidth cap (the default is 128 MiB/s).
+	q.do(tb, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(1) << 40})
+	return &qemuVM{p: p, q: q}
+}
+
+// save migrates the running VM to file and returns the time from the migrate command to "completed"; the VM
+// is then continued (untimed).
+func (v *qemuVM) save(tb testing.TB, file string) time.Duration {
+	tb.Helper()
+	t0 := time.Now()
+	v.q.do(tb, "migrate", map[string]any{"uri": "file:" + file})
+	for {
+		var m struct {
+			Status string `json:"status"`
+		}
+		json.Unmarshal(v.q.do(tb, "query-migrate", nil), &m)
+		if m.Status == "completed" {
+			break
+		}
+		if m.Status == "failed" || m.Status == "cancelled" {
+			tb.Fatalf("qemu migrate to %s: %s\n%s", file, m.Status, v.p.tail())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	d := time.Since(t0)
+	v.q.do(tb, "cont", nil)
+	return d
+}
+
+func (v *qemuVM) stop(tb testing.TB) {
+	v.q.do(tb, "quit", nil)
+	v.p.wait(tb, time.Minute)
+}
+
+// loadQEMU launches QEMU with -incoming from file and returns the time from the launch to the VM running.
+func loadQEMU(tb testing.TB, dir, file string, memMiB, randMiB int) time.Duration {
+	tb.Helper()
+	sock := filepath.Join(dir, "qemu-in.sock")
+	t0 := time.Now()
+	p := startProc(tb, "qemu-system-x86_64", append(qemuArgs(sock, memMiB, randMiB), "-incoming", "file:"+file)...)
+	q := dialQMP(tb, p, sock, time.Minute)
+	for q.status(tb) != "running" {
+		time.Sleep(time.Millisecond)
+	}
+	d := time.Since(t0)
+	(&qemuVM{p: p, q: q}).stop(tb)
+	return d
+}
+
+// ---- figures ----
+
+type series []time.Duration
+
+func (s series) median() time.Duration {
+	c := slices.Clone(s)
+	slices.Sort(c)
+	if len(c) == 0 {
+		return 0
+	}
+	if len(c)%2 == 1 {
+		return c[len(c)/2]
+	}
+	return (c[len(c)/2-1] + c[len(c)/2]) / 2
+}
+
+func (s series) String() string {
+	c := slices.Clone(s)
+	slices.Sort(c)
+	return fmt.Sprintf("%8.1f ms (min %.1f, max %.1f, n=%d)", ms(s.median()), ms(c[0]), ms(c[len(c)-1]), len(c))
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func ratio(a, b time.Duration) string { return fmt.Sprintf("%.3f×", float64(a)/float64(b)) }
+
+func report(b *testing.B, format string, args ...any) {
+	b.Helper()
+	s := fmt.Sprintf(format, args...)
+	fmt.Fprint(os.Stdout, s)
+	b.Log(strings.TrimRight(s, "\n"))
+}
+
+func benchDir(b *testing.B) string {
+	// /tmp in the test host is tmpfs: both VMMs write their snapshots to memory, as a host with fast storage would.
+	d, err := os.MkdirTemp("", "snapbench-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
+
+// BenchmarkVsQEMU: a 256 MiB guest with 64 MiB of random data; cube-vmm's snapshot, in-place rollback and
+// restore in a new process beside QEMU's migrate to a file and -incoming from it.
+func BenchmarkVsQEMU(b *testing.B) {
+	const memMiB, randMiB = 256, 64
+	dir := benchDir(b)
+	for b.Loop() {
+		// QEMU: save (migrate to file, the VM continues after each) and load (-incoming, launch to running).
+		qv := bootQEMU(b, dir, memMiB, randMiB)
+		var qsave, qload series
+		for i := range benchRuns {
+			f := filepath.Join(dir, fmt.Sprintf("qemu-%d.mig", i))
+			qsave = append(qsave, qv.save(b, f))
+			if i > 0 {
+				os.Remove(f)
+			}
+		}
+		qv.stop(b)
+		qfile := filepath.Join(dir, "qemu-0.mig")
+		fi, _ := os.Stat(qfile)
+		for range benchRuns {
+			qload = append(qload, loadQEMU(b, dir, qfile, memMiB, randMiB))
+		}
+		os.Remove(qfile)
+
+		// cube-vmm: full snapshots of the running VM, rollbacks to the first, restores from it.
+		cv := bootCube(b, dir, memMiB, randMiB)
+		var csnap, cfrozen, croll, crollFrozen, crestore series
+		var memBytes int64
+		for i := range benchRuns {
+			d, r := cv.snapshot(b, filepath.Join(dir, fmt.Sprintf("cube-%d", i)), false)
+			csnap, cfrozen = append(csnap, d), append(cfrozen, time.Duration(r.FrozenMS*float64(time.Millisecond)))
+			memBytes = r.MemoryBytes
+			if i > 0 {
+				os.RemoveAll(filepath.Join(dir, fmt.Sprintf("cube-%d", i)))
+			}
+		}
+		snap := filepath.Join(dir, "cube-0")
+		for range benchRuns {
+			d, r := cv.rollback(b, snap)
+			croll, crollFrozen = append(croll, d), append(crollFrozen, time.Duration(r.FrozenMS*float64(time.Millisecond)))
+		}
+		cv.p.stdin.Write([]byte("ping rolled\n"))
+		cv.p.waitLine(b, "PONG rolled", time.Minute) // the rolled-back guest runs
+		// Incremental snapshots of the idle guest, each over the previous one (a chain beside cube-0).
+		var cinc series
+		for i := range benchRuns {
+			d, _ := cv.snapshot(b, filepath.Join(dir, fmt.Sprintf("cube-inc-%d", i)), true)
+			cinc = append(cinc, d)
+		}
+		cv.stop(b)
+		for i := range benchRuns {
+			os.RemoveAll(filepath.Join(dir, fmt.Sprintf("cube-inc-%d", i)))
+		}
+		for range benchRuns {
+			crestore = append(crestore, restoreCube(b, dir, snap))
+		}
+		_, restoreLog := restoreCubeLog(b, dir, snap, "-log-level", "info")
+		os.RemoveAll(snap)
+		cubeNop, qemuNop := launchCost(b, cubeVMM, "restore"), launchCost(b, "qemu-system-x86_64", "-version")
+
+		report(b, "\n256 MiB guest, 64 MiB random data, 1 vCPU, nested KVM in the test host; median of %d\n", benchRuns)
+		report(b, "| operation | cube-vmm | QEMU | ratio (goal ≤ 0.1×) |\n|---|---|---|---|\n")
+		report(b, "| snapshot (cube: control op; QEMU: migrate file: → completed) | %s | %s | %s |\n", csnap, qsave, ratio(csnap.median(), qsave.median()))
+		report(b, "| incremental snapshot of the idle guest (vs QEMU save) | %s | %s | %s |\n", cinc, qsave, ratio(cinc.median(), qsave.median()))
+		report(b, "| rollback in place (cube: control op; vs QEMU load) | %s | %s | %s |\n", croll, qload, ratio(croll.median(), qload.median()))
+		report(b, "| restore, launch → running (QEMU: -incoming file:) | %s | %s | %s |\n", crestore, qload, ratio(crestore.median(), qload.median()))
+		report(b, "cube snapshot: vCPUs frozen %s, memory written %d MiB; rollback: frozen %s; QEMU file %d MiB\n",
+			cfrozen, memBytes>>20, crollFrozen, fi.Size()>>20)
+		report(b, "process launch alone (exec → exit, no VM): cube-vmm %s, QEMU %s\n", cubeNop, qemuNop)
+		var took []string
+		for _, l := range strings.Split(restoreLog, "\n") {
+			if strings.Contains(l, "took") {
+				took = append(took, strings.TrimSpace(l))
+			}
+		}
+		report(b, "one restore, cube-vmm's own log (took = since its flags were parsed):\n  %s\n", strings.Join(took, "\n  "))
+		b.ReportMetric(ms(csnap.median()), "cube-snapshot-ms")
+		b.ReportMetric(ms(qsave.median()), "qemu-save-ms")
+		b.ReportMetric(ms(croll.median()), "cube-rollback-ms")
+		b.ReportMetric(ms(crestore.median()), "cube-restore-ms")
+		b.ReportMetric(ms(qload.median()), "qemu-load-ms")
+	}
+}
+
+// BenchmarkSnapshotDirty: incremental snapshot latency against the MiB the guest dirtied since its parent,
+// in a 1 GiB guest (and 16 MiB in a 128 MiB guest); then restore latency of a 128 MiB and a 1 GiB guest.
+func BenchmarkSnapshotDirty(b *testing.B) {
+	dir := benchDir(b)
+	for b.Loop() {
+		restores := map[int]series{}
+		dirty := map[int]map[int]series{}
+		written := map[int]map[int]int64{128: {}, 1024: {}}
+		for _, g := range []struct{ mem, rand int }{{128, 32}, {1024, 256}} {
+			v := bootCube(b, dir, g.mem, g.rand)
+			parent := filepath.Join(dir, fmt.Sprintf("full-%d", g.mem))
+			v.snapshot(b, parent, false)
+			dirty[g.mem] = map[int]series{}
+			sizes := []int{1, 16, 64, 256}
+			if g.mem == 128 {
+				sizes = []int{16}
+			}
+			tag := 0
+			for _, n := range sizes {
+				for range benchRuns {
+					// Back to the parent (memory equal to it again), dirty n MiB, incremental snapshot over it.
+					v.rollback(b, parent)
+					tag++
+					fmt.Fprintf(v.p.stdin, "dirty %d t%d\n", n, tag)
+					if line := v.p.waitLine(b, fmt.Sprintf("DIRTY-DONE t%d ", tag), 5*time.Minute); n == 256 && tag%benchRuns == 0 {
+						b.Logf("guest: %s", line)
+					}
+					inc := filepath.Join(dir, "inc")
+					d, r := v.snapshot(b, inc, true)
+					dirty[g.mem][n] = append(dirty[g.mem][n], d)
+					written[g.mem][n] = r.MemoryBytes
+					os.RemoveAll(inc)
+				}
+			}
+			v.stop(b)
+			for range benchRuns {
+				restores[g.mem] = append(restores[g.mem], restoreCube(b, dir, parent))
+			}
+			os.RemoveAll(parent)
+		}
+		report(b, "\ncube-vmm incremental snapshot latency vs memory dirtied since the parent (1 vCPU, median of %d)\n", benchRuns)
+		report(b, "| guest | dirtied | snapshot | memory written | vs 1 MiB |\n|---|---|---|---|---|\n")
+		for _, n := range []int{1, 16, 64, 256} {
+			report(b, "| 1 GiB | %d MiB | %s | %.1f MiB | %s |\n", n, dirty[1024][n], float64(written[1024][n])/(1<<20),
+				ratio(dirty[1024][n].median(), dirty[1024][1].median()))
+		}
+		report(b, "| 128 MiB | 16 MiB | %s | %.1f MiB | 1 GiB/128 MiB at 16 MiB dirty: %s (goal ≤ 2×) |\n", dirty[128][16],
+			float64(written[128][16])/(1<<20), ratio(dirty[1024][16].median(), dirty[128][16].median()))
+		report(b, "\ncube-vmm restore, launch → running\n| guest | restore | |\n|---|---|---|\n")
+		report(b, "| 128 MiB (32 MiB random) | %s | |\n| 1 GiB (256 MiB random) | %s | 1 GiB/128 MiB: %s (goal: flat) |\n",
+			restores[128], restores[1024], ratio(restores[1024].median(), restores[128].median()))
+		b.ReportMetric(ms(dirty[1024][16].median()), "snap-1G-16M-ms")
+		b.ReportMetric(ms(dirty[128][16].median()), "snap-128M-16M-ms")
+		b.ReportMetric(ms(restores[1024].median()), "restore-1G-ms")
+		b.ReportMetric(ms(restores[128].median()), "restore-128M-ms")
+	}
+}

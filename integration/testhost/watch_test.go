@@ -1,0 +1,64 @@
+package testhost
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+func TestWatchConsoleStopsOnLockup(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "console.log")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	got := make(chan string, 2)
+	done := make(chan struct{})
+	defer close(done)
+	go watchConsole(p, done, func(l string) { got <- l })
+
+	f.WriteString("[    1.0] booting\n[ 2.0] rcu: INFO: rcu_preempt detected stalls on CPUs/tasks:\n")
+	select {
+	case l := <-got:
+		t.Fatalf("a transient stall report stopped the run: %q", l)
+	case <-time.After(2500 * time.Millisecond):
+	}
+	// The line arrives in two writes: only the finished line counts.
+	f.WriteString("[ 3.0] watchdog: BUG: soft lockup - CPU#1 stu")
+	time.Sleep(1500 * time.Millisecond)
+	f.WriteString("ck for 22s! [qemu-system-x86:132]\n")
+	select {
+	case l := <-got:
+		if l != "watchdog: BUG: soft lockup - CPU#1 stuck for 22s! [qemu-system-x86:132]" {
+			t.Fatalf("reported %q", l)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("soft lockup not reported")
+	}
+}
+
+func TestLockMachineSerializes(t *testing.T) {
+	old := lockPath
+	lockPath = filepath.Join(t.TempDir(), "lock")
+	defer func() { lockPath = old }()
+	logf := func(string, ...any) {}
+	unlock, err := lockMachine(context.Background(), logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A second holder (another open file description, as another process would have) waits.
+	ctx, cancel := context.WithTimeout(context.Background(), 1200*time.Millisecond)
+	defer cancel()
+	if _, err := lockMachine(ctx, logf); err == nil {
+		t.Fatal("second lock taken while the first is held")
+	}
+	unlock()
+	unlock2, err := lockMachine(context.Background(), logf)
+	if err != nil {
+		t.Fatalf("lock after unlock: %v", err)
+	}
+	unlock2()
+}

@@ -1,0 +1,98 @@
+package vmm
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os/exec"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// bootCase is one way of booting the marker guest.
+type bootCase struct {
+	name string
+	argv []string
+}
+
+const guestCmdline = "console=ttyS0 quiet panic=-1"
+
+func qemuCases(mem int) []bootCase {
+	common := []string{"-enable-kvm", "-cpu", "host", "-m", fmt.Sprint(mem), "-smp", "1",
+		"-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none", "-no-reboot",
+		"-serial", "stdio", "-kernel", guestKernel, "-initrd", markerInitrd, "-append", guestCmdline}
+	return []bootCase{
+		{"qemu-pc", append([]string{"qemu-system-x86_64", "-M", "pc"}, common...)},
+		{"qemu-microvm", append([]string{"qemu-system-x86_64", "-M", "microvm"}, common...)},
+	}
+}
+
+// bootToMarker starts argv and returns the time from exec to the marker line on its stdout (the guest's
+// serial console). The VMM is killed once the marker is seen or on timeout.
+func bootToMarker(ctx context.Context, argv []string, timeout time.Duration) (time.Duration, string, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return 0, "", err
+	}
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return 0, "", fmt.Errorf("start %s: %w", argv[0], err)
+	}
+	var console strings.Builder
+	found := make(chan time.Duration, 1)
+	go func() {
+		sc := bufio.NewScanner(io.TeeReader(out, &console))
+		for sc.Scan() {
+			if strings.Contains(sc.Text(), bootMarker) {
+				found <- time.Since(start)
+				break
+			}
+		}
+		io.Copy(io.Discard, out)
+		close(found)
+	}()
+	d, ok := <-found
+	// console is only read after the reader goroutine closed found, so it is not shared.
+	cancel()
+	cmd.Wait()
+	if !ok {
+		return 0, tail(console.String()+stderr.String(), 30), fmt.Errorf("%s: no %s on the console (ctx: %v)", argv[0], bootMarker, ctx.Err())
+	}
+	return d, "", nil
+}
+
+func tail(s string, n int) string {
+	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(l) > n {
+		l = l[len(l)-n:]
+	}
+	return strings.Join(l, "\n")
+}
+
+func median(d []time.Duration) time.Duration {
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}
+
+// TestPeerQEMUBootsMarkerGuest checks the comparison harness itself: QEMU with KVM inside the test host boots
+// the marker guest to userspace.
+func TestPeerQEMUBootsMarkerGuest(t *testing.T) {
+	c := qemuCases(256)[0]
+	d, console, err := bootToMarker(context.Background(), c.argv, 2*time.Minute)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, console)
+	}
+	t.Logf("%s: marker after %v", c.name, d)
+}

@@ -1,0 +1,190 @@
+// Package vmm holds the Linux-guest end-to-end tests and boot benchmarks of the VMM, run inside the test host
+// (nested KVM). The same Debian kernel and the same marker initramfs are booted by every VMM compared, so
+// their boot-to-userspace times can be set side by side.
+package vmm
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cube-runtime/cube/contrib/guestimage"
+	"github.com/cube-runtime/cube/integration/sandboxenv"
+	"github.com/cube-runtime/cube/integration/testhost"
+)
+
+// Paths inside the test host.
+const (
+	guestKernel   = "/cube/guest/vmlinuz"
+	markerInitrd  = "/cube/guest/marker.cpio.gz"
+	devicesInitrd = "/cube/guest/devices.cpio.gz"
+	cubeVMM       = sandboxenv.CubeVMM
+)
+
+// devicesModules are what the devices guest loads (with their dependencies) to see our virtio devices.
+var devicesModules = []string{"virtio_pci", "virtio_blk", "virtio_rng", "vmw_vsock_virtio_transport"}
+
+// bootMarker is what the marker guest's /init prints first thing in userspace.
+const bootMarker = "CUBE-BOOT-MARKER"
+
+// The marker guest's /init: announce userspace, then power off.
+const markerInit = `#!/bin/busybox sh
+/bin/busybox mount -t devtmpfs dev /dev 2>/dev/null
+echo ` + bootMarker + ` >/dev/console
+/bin/busybox poweroff -f
+`
+
+func TestMain(m *testing.M) {
+	if testhost.Inside() {
+		testhost.Main(m, testhost.Options{})
+		return
+	}
+	files, cleanup, err := prepareGuest()
+	if err == nil {
+		err = buildVMM(files, cleanup)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: prepare guest artifacts: %v\n", err)
+		os.Exit(1)
+	}
+	code := testhost.RunMain(m, testhost.Options{
+		Timeout: 15 * time.Minute,
+		Tools:   []string{"qemu-system-x86_64", "socat"},
+		Files:   files,
+	})
+	cleanup() // not deferred: os.Exit skips deferred calls
+	os.Exit(code)
+}
+
+// prepareGuest builds the guest artifacts on the host and returns where they go inside the test host.
+func prepareGuest() (map[string]string, func(), error) {
+	k, err := guestimage.FetchKernel(context.Background(), testhost.DefaultCacheDir())
+	if err != nil {
+		return nil, nil, err
+	}
+	dir, err := os.MkdirTemp("", "cube-vmm-e2e-")
+	if err != nil {
+		return nil, nil, err
+	}
+	cleanup := func() { os.RemoveAll(dir) }
+	r := guestimage.NewInitramfs()
+	if err := r.File("bin/busybox", "/bin/busybox"); err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	if err := r.Bytes("init", []byte(markerInit), 0o755); err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	var buf bytes.Buffer
+	if err := r.WriteTo(&buf, true); err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	initrd := filepath.Join(dir, "marker.cpio.gz")
+	if err := os.WriteFile(initrd, buf.Bytes(), 0o644); err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	devices := filepath.Join(dir, "devices.cpio.gz")
+	if err := writeDevicesInitrd(k, devices); err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	return map[string]string{
+		guestKernel:   k.Vmlinuz,
+		markerInitrd:  initrd,
+		devicesInitrd: devices,
+		cubeVMM:       filepath.Join(dir, "cube-vmm"),
+		// QEMU's firmware (SeaBIOS, option ROMs), for the peer VMM.
+		"/usr/share/qemu":    "/usr/share/qemu",
+		"/usr/share/seabios": "/usr/share/seabios",
+	}, cleanup, nil
+}
+
+// buildVMM builds cube-vmm from this checkout to where files says it goes.
+func buildVMM(files map[string]string, cleanup func()) error {
+	if err := sandboxenv.GoBuild(files[cubeVMM], "github.com/cube-runtime/cube/cmd/cube-vmm"); err != nil {
+		cleanup()
+		return err
+	}
+	return nil
+}
+
+// The devices guest's /init: load the virtio drivers, announce userspace, run the scenario named by
+// cube.scenario= on the command line, power off. Results are "KEY=value" lines on the console.
+const devicesInit = `#!/bin/busybox sh
+/bin/busybox mkdir -p /proc /sys /dev /tmp /usr/bin /usr/sbin /sbin
+/bin/busybox mount -t devtmpfs dev /dev
+/bin/busybox mount -t proc proc /proc
+/bin/busybox mount -t sysfs sys /sys
+/bin/busybox --install -s
+for m in $(cat /modules.order); do insmod "/lib/modules/$m" || echo "insmod $m failed"; done
+echo ` + bootMarker + `
+scenario=$(sed -n 's/.*cube\.scenario=\([a-z0-9-]*\).*/\1/p' /proc/cmdline)
+echo "SCENARIO=$scenario"
+case "$scenario" in
+devices)
+	echo "CPUS=$(grep -c ^processor /proc/cpuinfo)"
+	echo "SERIAL=$(cat /sys/block/vda/serial)"
+	echo "READ=$(dd if=/dev/vda bs=16 count=1 2>/dev/null)"
+	echo guest-wrote-this | dd of=/dev/vda bs=512 seek=8 conv=sync,fsync 2>/dev/null && echo "WRITE=ok"
+	if echo x | dd of=/dev/vdb bs=512 count=1 conv=sync,fsync 2>/dev/null; then echo "RO_WRITE=succeeded"; else echo "RO_WRITE=refused"; fi
+	echo "RO_READ=$(dd if=/dev/vdb bs=11 count=1 2>/dev/null)"
+	echo "RNG=$(cat /sys/class/misc/hw_random/rng_current)"
+	echo "RNG_BYTES=$(head -c 32 /dev/hwrng | od -An -tx1 | tr -d ' \n' | wc -c)"
+	# vsock: an echo server on port 5000 for the host, and a guest-initiated connection to host port 6000
+	# (the host listens on <uds>_6000 before the VM starts).
+	timeout 120 socat VSOCK-LISTEN:5000,reuseaddr EXEC:cat &
+	sleep 0.5
+	echo "VSOCK_LISTENING=5000"
+	echo "guest-to-host" | timeout 60 socat - VSOCK-CONNECT:2:6000 && echo "VSOCK_DIAL=ok"
+	wait
+	;;
+reboot) reboot -f ;;
+panic) echo c >/proc/sysrq-trigger ;;
+esac
+poweroff -f
+`
+
+func writeDevicesInitrd(k *guestimage.Kernel, dst string) error {
+	r := guestimage.NewInitramfs()
+	if err := r.File("bin/busybox", "/bin/busybox"); err != nil {
+		return err
+	}
+	if err := r.Bytes("init", []byte(devicesInit), 0o755); err != nil {
+		return err
+	}
+	mods, err := k.Modules(devicesModules...)
+	if err != nil {
+		return err
+	}
+	var order []string
+	for _, m := range mods {
+		if err := r.File("lib/modules/"+filepath.Base(m), filepath.Join(k.ModulesDir(), m)); err != nil {
+			return err
+		}
+		order = append(order, filepath.Base(m))
+	}
+	if err := r.Bytes("modules.order", []byte(strings.Join(order, "\n")+"\n"), 0o644); err != nil {
+		return err
+	}
+	socat, err := exec.LookPath("socat")
+	if err != nil {
+		return fmt.Errorf("socat is needed in the devices guest: apt-get install socat")
+	}
+	if err := r.Program("usr/bin/socat", socat); err != nil {
+		return err
+	}
+	var buf bytes.Buffer
+	if err := r.WriteTo(&buf, true); err != nil {
+		return err
+	}
+	return os.WriteFile(dst, buf.Bytes(), 0o644)
+}

@@ -1,0 +1,173 @@
+// Package config is the shim's TOML configuration: what VM each sandbox gets
+// (kernel, initrd with the guest agent, memory, vCPUs, disks) and where the
+// VMM binary and the sandbox state live. Every field has a documented default.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/pelletier/go-toml/v2"
+)
+
+// DefaultPath is read when the runtime options name no config file.
+const DefaultPath = "/etc/cube/shim.toml"
+
+// Defaults. Memory and vCPUs are per sandbox VM (a CRI pod shares one VM).
+const (
+	DefaultVMMPath     = "cube-vmm"
+	DefaultKernel      = "/usr/share/cube/vmlinuz"
+	DefaultInitrd      = "/usr/share/cube/initrd.img"
+	DefaultCmdline     = "console=ttyS0 quiet panic=-1 reboot=k"
+	DefaultMemoryMiB   = 256
+	DefaultVCPUs       = 1
+	DefaultDiskSlots   = 8
+	DefaultStateDir    = "/run/cube/shim"
+	DefaultBootTimeout = "30s"
+	// MaxMemoryMiB and MaxVCPUs bound user input; beyond them a typo is likelier than intent.
+	MaxMemoryMiB = 1 << 20
+	MaxVCPUs     = 255
+	MaxDiskSlots = 64
+)
+
+// Config is the file's content. Field comments are the documentation of the
+// TOML keys (docs/shim.md repeats them with an example).
+type Config struct {
+	// VMM is the cube-vmm binary: an absolute path or a name looked up in PATH.
+	VMM string `toml:"vmm"`
+	// Kernel is the guest kernel (bzImage).
+	Kernel string `toml:"kernel"`
+	// Initrd is the initramfs whose /init is the guest agent.
+	Initrd string `toml:"initrd"`
+	// Cmdline is the guest kernel command line.
+	Cmdline string `toml:"cmdline"`
+	// MemoryMiB is the guest memory of each sandbox VM.
+	MemoryMiB uint32 `toml:"memory_mib"`
+	// VCPUs is the number of vCPUs of each sandbox VM.
+	VCPUs uint32 `toml:"vcpus"`
+	// DiskSlots is how many container rootfs disks a sandbox VM can take
+	// (pre-created drive slots whose backing file is set at Create).
+	DiskSlots uint32 `toml:"disk_slots"`
+	// StateDir holds per-sandbox sockets, stub disks and the console log.
+	StateDir string `toml:"state_dir"`
+	// BootTimeout bounds VMM start until the agent answers Health (Go duration).
+	BootTimeout string `toml:"boot_timeout"`
+	// CgroupParent, when set, is the cgroup (v1 path or v2 group) the VMM
+	// process is placed under when the container spec names no cgroupsPath.
+	CgroupParent string `toml:"cgroup_parent"`
+	// Template, when set, is a pre-booted template snapshot (a directory in
+	// the VM snapshot format) the VM is restored from instead of cold-booting:
+	// cube-vmm gets --restore, all drive slots start as stubs, and the shim
+	// steps the guest clock and reseeds its RNG before the first container.
+	Template string `toml:"template"`
+}
+
+// Default returns a Config holding every default.
+func Default() Config {
+	return Config{
+		VMM:         DefaultVMMPath,
+		Kernel:      DefaultKernel,
+		Initrd:      DefaultInitrd,
+		Cmdline:     DefaultCmdline,
+		MemoryMiB:   DefaultMemoryMiB,
+		VCPUs:       DefaultVCPUs,
+		DiskSlots:   DefaultDiskSlots,
+		StateDir:    DefaultStateDir,
+		BootTimeout: DefaultBootTimeout,
+	}
+}
+
+// Parse decodes TOML over the defaults: keys absent from data keep their
+// default. Unknown keys are errors so a misspelt key is not silently ignored.
+func Parse(data []byte) (Config, error) {
+	c := Default()
+	dec := toml.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		var sm *toml.StrictMissingError
+		if errors.As(err, &sm) {
+			return Config{}, fmt.Errorf("parse shim config: %s", sm.String())
+		}
+		return Config{}, fmt.Errorf("parse shim config: %w", err)
+	}
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+// Load reads path. A missing file at DefaultPath yields the defaults; a
+// missing file named explicitly is an error.
+func Load(path string) (Config, error) {
+	explicit := path != ""
+	if !explicit {
+		path = DefaultPath
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		if !explicit && errors.Is(err, os.ErrNotExist) {
+			return Default(), nil
+		}
+		return Config{}, fmt.Errorf("read shim config: %w", err)
+	}
+	c, err := Parse(data)
+	if err != nil {
+		return Config{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Validate checks ranges and paths.
+func (c Config) Validate() error {
+	if c.VMM == "" {
+		return errors.New("shim config: vmm is empty")
+	}
+	if c.Kernel == "" {
+		return errors.New("shim config: kernel is empty")
+	}
+	if c.MemoryMiB == 0 || c.MemoryMiB > MaxMemoryMiB {
+		return fmt.Errorf("shim config: memory_mib %d out of range 1..%d", c.MemoryMiB, MaxMemoryMiB)
+	}
+	if c.VCPUs == 0 || c.VCPUs > MaxVCPUs {
+		return fmt.Errorf("shim config: vcpus %d out of range 1..%d", c.VCPUs, MaxVCPUs)
+	}
+	if c.DiskSlots == 0 || c.DiskSlots > MaxDiskSlots {
+		return fmt.Errorf("shim config: disk_slots %d out of range 1..%d", c.DiskSlots, MaxDiskSlots)
+	}
+	if !filepath.IsAbs(c.StateDir) {
+		return fmt.Errorf("shim config: state_dir %q is not absolute", c.StateDir)
+	}
+	if _, err := c.Durations(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Timeouts are the parsed duration fields.
+type Timeouts struct {
+	Boot time.Duration
+}
+
+// Durations parses the duration fields.
+func (c Config) Durations() (Timeouts, error) {
+	b, err := parseDuration("boot_timeout", c.BootTimeout)
+	if err != nil {
+		return Timeouts{}, err
+	}
+	return Timeouts{Boot: b}, nil
+}
+
+func parseDuration(key, s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("shim config: %s: %w", key, err)
+	}
+	if d <= 0 {
+		return 0, fmt.Errorf("shim config: %s %q must be positive", key, s)
+	}
+	return d, nil
+}

@@ -1,0 +1,93 @@
+package sandbox
+
+import (
+	"context"
+	"net"
+	"time"
+)
+
+// Guest vsock ports of the agent (guest-agent/protocol: AgentPort, StreamPort).
+const (
+	AgentPort  = 1024
+	StreamPort = 1025
+)
+
+// Stream names one standard stream of a guest process.
+type Stream string
+
+const (
+	Stdin  Stream = "stdin"
+	Stdout Stream = "stdout"
+	Stderr Stream = "stderr"
+)
+
+// StdioFlags says which streams a guest process gets; each one requested is
+// attached with OpenStream before Start.
+type StdioFlags struct{ Stdin, Stdout, Stderr bool }
+
+// CreateContainerRequest mirrors cube.agent.v1.CreateContainerRequest.
+type CreateContainerRequest struct {
+	ContainerID string
+	Spec        []byte // OCI runtime spec, JSON
+	Rootfs      string // guest path of the mounted rootfs disk
+	Stdio       StdioFlags
+}
+
+// ExecProcessRequest mirrors cube.agent.v1.ExecProcessRequest.
+type ExecProcessRequest struct {
+	ContainerID, ExecID string
+	Process             []byte // OCI process, JSON
+	Stdio               StdioFlags
+}
+
+// MountDiskRequest mirrors cube.agent.v1.MountDiskRequest.
+type MountDiskRequest struct {
+	Serial, MountPoint, FSType string
+	Options                    []string
+	ReadOnly                   bool
+}
+
+// ExitStatus is how a guest process ended: Status is the exit code, or
+// 128+Signal when a signal killed it (as runc reports it).
+type ExitStatus struct {
+	Status   uint32
+	Signal   uint32
+	ExitedAt time.Time
+}
+
+// AgentClient is the part of the guest agent's ttrpc service (cube.agent.v1.Agent)
+// and stream port the shim uses. agent_protocol.go adapts the generated
+// client to it; tests use sandboxtest's fake.
+type AgentClient interface {
+	Health(ctx context.Context) error
+	MountDisk(ctx context.Context, req MountDiskRequest) (mountPoint string, err error)
+	UnmountDisk(ctx context.Context, mountPoint string) error
+	CreateContainer(ctx context.Context, req CreateContainerRequest) (pid uint32, err error)
+	ExecProcess(ctx context.Context, req ExecProcessRequest) (pid uint32, err error)
+	Start(ctx context.Context, containerID, execID string) (pid uint32, err error)
+	Signal(ctx context.Context, containerID, execID string, signal uint32, all bool) error
+	// Wait blocks until the process exited.
+	Wait(ctx context.Context, containerID, execID string) (ExitStatus, error)
+	CloseStdin(ctx context.Context, containerID, execID string) error
+	ResizePty(ctx context.Context, containerID, execID string, width, height uint32) error
+	ListPids(ctx context.Context, containerID string) ([]uint32, error)
+	// Delete releases an exited process (execID set) or the container.
+	Delete(ctx context.Context, containerID, execID string, force bool) (ExitStatus, error)
+	SyncFilesystems(ctx context.Context) error
+	// SetTime steps the guest's CLOCK_REALTIME (stale after a restore).
+	SetTime(ctx context.Context, t time.Time) error
+	// ReseedRandom mixes host entropy (16..4096 bytes) into the guest pool and
+	// forces a CRNG reseed, so VMs restored from one template differ.
+	ReseedRandom(ctx context.Context, entropy []byte) error
+	PowerOff(ctx context.Context) error
+	// WriteFile writes data as the guest file path (absolute, in the guest's
+	// own root), creating parent directories; mode 0 means 0644.
+	WriteFile(ctx context.Context, path string, data []byte, mode uint32) error
+	// OpenStream attaches one stdio stream of a created process. For stdin
+	// the host's half-close (CloseWrite) is EOF; output streams end at EOF.
+	OpenStream(ctx context.Context, containerID, execID string, s Stream) (net.Conn, error)
+	Close() error
+}
+
+// AgentDialer connects to the agent of a started VM (through vmm.DialVsock).
+type AgentDialer func(ctx context.Context, vmm VMM) (AgentClient, error)

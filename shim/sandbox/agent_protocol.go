@@ -1,0 +1,178 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/containerd/ttrpc"
+	"github.com/cube-runtime/cube/guest-agent/protocol"
+)
+
+// DialAgent is the production AgentDialer: ttrpc over vsock AgentPort.
+func DialAgent(ctx context.Context, vmm VMM) (AgentClient, error) {
+	conn, err := vmm.DialVsock(ctx, protocol.AgentPort)
+	if err != nil {
+		return nil, err
+	}
+	tc := ttrpc.NewClient(conn)
+	return &protocolAgent{vmm: vmm, tc: tc, c: protocol.NewAgentClient(tc)}, nil
+}
+
+type protocolAgent struct {
+	vmm VMM
+	tc  *ttrpc.Client
+	c   protocol.AgentService
+}
+
+func (a *protocolAgent) Health(ctx context.Context) error {
+	r, err := a.c.Health(ctx, &protocol.HealthRequest{})
+	if err != nil {
+		return err
+	}
+	if !r.GetOk() {
+		return fmt.Errorf("agent reports not healthy")
+	}
+	return nil
+}
+
+func (a *protocolAgent) MountDisk(ctx context.Context, req MountDiskRequest) (string, error) {
+	r, err := a.c.MountDisk(ctx, &protocol.MountDiskRequest{
+		Serial: req.Serial, MountPoint: req.MountPoint, FsType: req.FSType,
+		Options: req.Options, ReadOnly: req.ReadOnly,
+	})
+	if err != nil {
+		return "", err
+	}
+	return r.GetMountPoint(), nil
+}
+
+func (a *protocolAgent) UnmountDisk(ctx context.Context, mp string) error {
+	_, err := a.c.UnmountDisk(ctx, &protocol.UnmountDiskRequest{MountPoint: mp})
+	return err
+}
+
+func stdio(f StdioFlags) *protocol.Stdio {
+	return &protocol.Stdio{Stdin: f.Stdin, Stdout: f.Stdout, Stderr: f.Stderr}
+}
+
+func (a *protocolAgent) CreateContainer(ctx context.Context, req CreateContainerRequest) (uint32, error) {
+	r, err := a.c.CreateContainer(ctx, &protocol.CreateContainerRequest{
+		ContainerId: req.ContainerID, Spec: req.Spec, Rootfs: req.Rootfs, Stdio: stdio(req.Stdio),
+	})
+	if err != nil {
+		return 0, err
+	}
+	return r.GetPid(), nil
+}
+
+func (a *protocolAgent) ExecProcess(ctx context.Context, req ExecProcessRequest) (uint32, error) {
+	r, err := a.c.ExecProcess(ctx, &protocol.ExecProcessRequest{
+		ContainerId: req.ContainerID, ExecId: req.ExecID, Process: req.Process, Stdio: stdio(req.Stdio),
+	})
+	if err != nil {
+		return 0, err
+	}
+	return r.GetPid(), nil
+}
+
+func (a *protocolAgent) Start(ctx context.Context, cid, eid string) (uint32, error) {
+	r, err := a.c.Start(ctx, &protocol.StartRequest{ContainerId: cid, ExecId: eid})
+	if err != nil {
+		return 0, err
+	}
+	return r.GetPid(), nil
+}
+
+func (a *protocolAgent) Signal(ctx context.Context, cid, eid string, sig uint32, all bool) error {
+	_, err := a.c.Signal(ctx, &protocol.SignalRequest{ContainerId: cid, ExecId: eid, Signal: sig, All: all})
+	return err
+}
+
+func (a *protocolAgent) Wait(ctx context.Context, cid, eid string) (ExitStatus, error) {
+	r, err := a.c.Wait(ctx, &protocol.WaitRequest{ContainerId: cid, ExecId: eid})
+	if err != nil {
+		return ExitStatus{}, err
+	}
+	return ExitStatus{Status: r.GetExitStatus(), Signal: r.GetSignal(), ExitedAt: time.Unix(0, r.GetExitedAtUnixNano())}, nil
+}
+
+func (a *protocolAgent) CloseStdin(ctx context.Context, cid, eid string) error {
+	_, err := a.c.CloseStdin(ctx, &protocol.CloseStdinRequest{ContainerId: cid, ExecId: eid})
+	return err
+}
+
+func (a *protocolAgent) ResizePty(ctx context.Context, cid, eid string, w, h uint32) error {
+	_, err := a.c.ResizePty(ctx, &protocol.ResizePtyRequest{ContainerId: cid, ExecId: eid, Width: w, Height: h})
+	return err
+}
+
+func (a *protocolAgent) ListPids(ctx context.Context, cid string) ([]uint32, error) {
+	r, err := a.c.ListPids(ctx, &protocol.ListPidsRequest{ContainerId: cid})
+	if err != nil {
+		return nil, err
+	}
+	return r.GetPids(), nil
+}
+
+func (a *protocolAgent) Delete(ctx context.Context, cid, eid string, force bool) (ExitStatus, error) {
+	r, err := a.c.Delete(ctx, &protocol.DeleteRequest{ContainerId: cid, ExecId: eid, Force: force})
+	if err != nil {
+		return ExitStatus{}, err
+	}
+	return ExitStatus{Status: r.GetExitStatus(), ExitedAt: time.Unix(0, r.GetExitedAtUnixNano())}, nil
+}
+
+func (a *protocolAgent) SyncFilesystems(ctx context.Context) error {
+	_, err := a.c.SyncFilesystems(ctx, &protocol.Empty{})
+	return err
+}
+
+func (a *protocolAgent) SetTime(ctx context.Context, t time.Time) error {
+	_, err := a.c.SetTime(ctx, &protocol.SetTimeRequest{UnixNano: t.UnixNano()})
+	return err
+}
+
+func (a *protocolAgent) ReseedRandom(ctx context.Context, entropy []byte) error {
+	_, err := a.c.ReseedRandom(ctx, &protocol.ReseedRandomRequest{Entropy: entropy})
+	return err
+}
+
+func (a *protocolAgent) PowerOff(ctx context.Context) error {
+	_, err := a.c.PowerOff(ctx, &protocol.PowerOffRequest{})
+	return err
+}
+
+func (a *protocolAgent) WriteFile(ctx context.Context, path string, data []byte, mode uint32) error {
+	// The agent takes at most MaxFileChunk bytes per request: the first
+	// request truncates, the rest append.
+	for off := 0; ; {
+		n := min(len(data)-off, protocol.MaxFileChunk)
+		if _, err := a.c.WriteFile(ctx, &protocol.WriteFileRequest{Path: path, Data: data[off : off+n], Mode: mode,
+			Append: off > 0, MakeParents: true}); err != nil {
+			return err
+		}
+		if off += n; off >= len(data) {
+			return nil
+		}
+	}
+}
+
+func (a *protocolAgent) OpenStream(ctx context.Context, cid, eid string, s Stream) (net.Conn, error) {
+	conn, err := a.vmm.DialVsock(ctx, protocol.StreamPort)
+	if err != nil {
+		return nil, err
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	}
+	if err := protocol.OpenStream(conn, protocol.StreamHeader{ContainerID: cid, ExecID: eid, Stream: protocol.Stream(s)}); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("open %s stream of %s/%s: %w", s, cid, eid, err)
+	}
+	_ = conn.SetDeadline(time.Time{})
+	return conn, nil
+}
+
+func (a *protocolAgent) Close() error { return a.tc.Close() }

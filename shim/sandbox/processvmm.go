@@ -1,0 +1,345 @@
+package sandbox
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/cube-runtime/cube/hypervisor/control"
+	"github.com/cube-runtime/cube/hypervisor/virtio/vsock"
+)
+
+// ProcessVMM runs the VM as a cube-vmm child process (cmd/cube-vmm) and
+// drives it through its JSON-lines control socket (hypervisor/control). The
+// command line it builds (docs/shim.md, "cube-vmm contract"):
+//
+//	cube-vmm -kernel K [-initrd I] -cmdline C -memory M -vcpus N
+//	  [-disk P,serial=S[,ro]]... -vsock U -vsock-cid CID
+//	  -control S -console F -console-input none
+//
+// and, for a sandbox started from a template snapshot (machine shape, kernel and disks come from it):
+//
+//	cube-vmm restore -control S -vsock U -console F -disk-dir D TEMPLATE
+type ProcessVMM struct {
+	// Binary is the cube-vmm executable (path or name in PATH).
+	Binary string
+	// Cgroup, when set, is where the VMM process is placed right after it
+	// starts (before the guest runs any workload).
+	Cgroup string
+	Log    *logrus.Entry
+
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	cfg     VMConfig
+	done    chan struct{}
+	exit    VMExit
+	started bool
+}
+
+var _ VMM = (*ProcessVMM)(nil)
+
+// Args returns cube-vmm's arguments for cfg.
+func Args(cfg VMConfig) []string {
+	if cfg.Template != "" {
+		// The template's writable disks get working copies beside the sandbox's other state.
+		return []string{"restore", "-control", cfg.ControlPath, "-vsock", cfg.VsockPath,
+			"-console", cfg.ConsolePath, "-disk-dir", filepath.Dir(cfg.ControlPath), cfg.Template}
+	}
+	a := []string{
+		"-kernel", cfg.Kernel,
+		"-cmdline", cfg.Cmdline,
+		"-memory", strconv.FormatUint(uint64(cfg.MemoryMiB), 10),
+		"-vcpus", strconv.FormatUint(uint64(cfg.VCPUs), 10),
+	}
+	if cfg.Initrd != "" {
+		a = append(a, "-initrd", cfg.Initrd)
+	}
+	for _, d := range cfg.Disks {
+		v := d.Path + ",serial=" + d.Serial
+		if d.ReadOnly {
+			v += ",ro"
+		}
+		a = append(a, "-disk", v)
+	}
+	a = append(a,
+		"-vsock", cfg.VsockPath,
+		"-vsock-cid", strconv.FormatUint(uint64(cfg.GuestCID), 10),
+		"-control", cfg.ControlPath,
+		"-console", cfg.ConsolePath,
+		"-console-input", "none",
+	)
+	return a
+}
+
+func validateDisk(d Disk) error {
+	if len(d.Serial) == 0 || len(d.Serial) > 20 {
+		return fmt.Errorf("disk serial %q must be 1..20 bytes", d.Serial)
+	}
+	// Commas and newlines would break the --disk value and control lines.
+	if strings.ContainsAny(d.Path, ",\n ") || strings.ContainsAny(d.Serial, ",=\n ") {
+		return fmt.Errorf("disk %q (%s): path or serial contains a comma, space or newline", d.Serial, d.Path)
+	}
+	return nil
+}
+
+// Start launches cube-vmm and returns once its vsock and control sockets
+// exist (the guest may still be booting), or with an error if the VMM died
+// first or ctx ended.
+func (v *ProcessVMM) Start(ctx context.Context, cfg VMConfig) error {
+	v.mu.Lock()
+	if v.started {
+		v.mu.Unlock()
+		return errors.New("vmm already started")
+	}
+	v.started = true
+	v.mu.Unlock()
+	for _, d := range cfg.Disks {
+		if err := validateDisk(d); err != nil {
+			return err
+		}
+	}
+	if v.Log == nil {
+		v.Log = logrus.NewEntry(logrus.StandardLogger())
+	}
+	bin, err := exec.LookPath(v.Binary)
+	if err != nil {
+		return fmt.Errorf("find vmm binary: %w", err)
+	}
+	cmd := exec.Command(bin, Args(cfg)...)
+	// Own process group: signals meant for the shim's group must not reach
+	// the VM. Not Pdeathsig: it fires when the forking *thread* exits, which
+	// Go does not control; a crashed shim's VMM is reaped by the delete action.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	logw := v.Log.WithField("vmm", bin).WriterLevel(logrus.InfoLevel)
+	cmd.Stdout, cmd.Stderr = logw, logw
+	if err := cmd.Start(); err != nil {
+		logw.Close()
+		return fmt.Errorf("start %s: %w", bin, err)
+	}
+	v.mu.Lock()
+	v.cmd, v.cfg, v.done = cmd, cfg, make(chan struct{})
+	v.mu.Unlock()
+	go func() {
+		err := cmd.Wait()
+		logw.Close()
+		v.mu.Lock()
+		v.exit = exitOf(cmd.ProcessState, err)
+		v.mu.Unlock()
+		close(v.done)
+	}()
+	// Placement precedes the guest's first workload: the agent runs nothing
+	// until we call it, and we do not before Start returns.
+	if v.Cgroup != "" {
+		if err := PlaceInCgroup(v.Cgroup, cmd.Process.Pid); err != nil {
+			v.kill()
+			return fmt.Errorf("place vmm pid %d in cgroup %s: %w", cmd.Process.Pid, v.Cgroup, err)
+		}
+	}
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if exists(cfg.VsockPath) && exists(cfg.ControlPath) {
+			return nil
+		}
+		select {
+		case <-v.done:
+			return fmt.Errorf("vmm exited before creating its sockets: %s", v.Exit().describe())
+		case <-ctx.Done():
+			v.kill()
+			return fmt.Errorf("wait for vmm sockets: %w", ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+func (e VMExit) describe() string {
+	if e.Err != nil {
+		return fmt.Sprintf("status %d (%v)", e.Status, e.Err)
+	}
+	return fmt.Sprintf("status %d", e.Status)
+}
+
+func exists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+// exitOf maps a process state to a shell-style status: 128+signal if killed.
+func exitOf(ps *os.ProcessState, err error) VMExit {
+	if ps == nil {
+		return VMExit{Status: 255, Err: err}
+	}
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return VMExit{Status: 128 + int(ws.Signal()), Err: fmt.Errorf("vmm killed by signal %d (%v)", int(ws.Signal()), ws.Signal())}
+	}
+	if ps.ExitCode() != 0 {
+		return VMExit{Status: ps.ExitCode(), Err: fmt.Errorf("vmm exited with status %d", ps.ExitCode())}
+	}
+	return VMExit{}
+}
+
+func (v *ProcessVMM) kill() {
+	v.mu.Lock()
+	cmd := v.cmd
+	v.mu.Unlock()
+	if cmd != nil && cmd.Process != nil {
+		_ = cmd.Process.Kill()
+		<-v.done
+	}
+}
+
+// Pid implements VMM.
+func (v *ProcessVMM) Pid() int {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.cmd == nil || v.cmd.Process == nil {
+		return 0
+	}
+	return v.cmd.Process.Pid
+}
+
+// Wait implements VMM.
+func (v *ProcessVMM) Wait() <-chan struct{} {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.done
+}
+
+// Exit implements VMM.
+func (v *ProcessVMM) Exit() VMExit {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.exit
+}
+
+// Pause implements VMM.
+func (v *ProcessVMM) Pause(ctx context.Context) error {
+	return v.control(ctx, controlRequest{Op: "pause"})
+}
+
+// Resume implements VMM.
+func (v *ProcessVMM) Resume(ctx context.Context) error {
+	return v.control(ctx, controlRequest{Op: "resume"})
+}
+
+// SetDisk implements VMM with the control op "disk-set" (serial, path).
+func (v *ProcessVMM) SetDisk(ctx context.Context, serial, path string) error {
+	if err := validateDisk(Disk{Serial: serial, Path: path}); err != nil {
+		return err
+	}
+	return v.control(ctx, controlRequest{Op: "disk-set", Serial: serial, Path: path})
+}
+
+// Stop implements VMM: "stop" on the control socket, SIGKILL if the VMM is
+// still there when ctx ends (or the request fails).
+func (v *ProcessVMM) Stop(ctx context.Context) error {
+	done := v.Wait()
+	if done == nil {
+		return nil
+	}
+	select {
+	case <-done:
+		return nil
+	default:
+	}
+	if err := v.control(ctx, controlRequest{Op: "stop"}); err != nil {
+		// cube-vmm may exit before its reply is out (EOF): give it a moment.
+		select {
+		case <-done:
+			return nil
+		case <-time.After(2 * time.Second):
+		}
+		v.Log.WithError(err).Warn("graceful vmm stop failed; killing it")
+		v.kill()
+		return nil
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		v.Log.Warn("vmm did not stop in time; killing it")
+		v.kill()
+	}
+	return nil
+}
+
+// DialVsock implements VMM.
+func (v *ProcessVMM) DialVsock(ctx context.Context, port uint32) (net.Conn, error) {
+	v.mu.Lock()
+	path := v.cfg.VsockPath
+	v.mu.Unlock()
+	return vsock.Dial(ctx, path, port)
+}
+
+// controlRequest is one line to cube-vmm's control socket: hypervisor/control's
+// own request type ({"op":…}; disk-set adds serial and path).
+type controlRequest = control.Request
+
+// control sends one request and reads the one-line JSON response.
+func (v *ProcessVMM) control(ctx context.Context, req controlRequest) error {
+	v.mu.Lock()
+	path := v.cfg.ControlPath
+	v.mu.Unlock()
+	if path == "" {
+		return errors.New("vmm not started")
+	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return fmt.Errorf("vmm control %s: %w", req.Op, err)
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
+	defer stop()
+	if err := json.NewEncoder(conn).Encode(req); err != nil {
+		return fmt.Errorf("vmm control %s: %w", req.Op, err)
+	}
+	line, err := bufio.NewReader(&limitedReader{r: conn, n: 64 << 10}).ReadBytes('\n')
+	if err != nil {
+		return fmt.Errorf("vmm control %s: read reply: %w", req.Op, err)
+	}
+	if err := parseControlReply(line); err != nil {
+		return fmt.Errorf("vmm control %s: %w", req.Op, err)
+	}
+	return nil
+}
+
+func parseControlReply(line []byte) error {
+	var resp control.Response
+	if err := json.Unmarshal(line, &resp); err != nil {
+		return fmt.Errorf("bad reply: %w", err)
+	}
+	if !resp.OK {
+		if resp.Error == "" {
+			return errors.New("refused without a reason")
+		}
+		return fmt.Errorf("refused: %s", resp.Error)
+	}
+	return nil
+}
+
+type limitedReader struct {
+	r interface{ Read([]byte) (int, error) }
+	n int
+}
+
+func (l *limitedReader) Read(p []byte) (int, error) {
+	if l.n <= 0 {
+		return 0, errors.New("reply too long")
+	}
+	if len(p) > l.n {
+		p = p[:l.n]
+	}
+	n, err := l.r.Read(p)
+	l.n -= n
+	return n, err
+}

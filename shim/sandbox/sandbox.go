@@ -1,0 +1,515 @@
+// Package sandbox is one microVM per sandbox: it launches and supervises the
+// VMM process, dials the guest agent over hybrid vsock, and attaches each
+// container's rootfs image as a virtio-blk disk (never mounted on the host).
+//
+// Disks use pre-created drive slots: the VM boots with DiskSlots drives whose
+// serials are fixed ("cube-slot-N"); slot 0 is backed by the first
+// container's rootfs image, the others by small stub files in the state dir.
+// A later container of the same sandbox (a CRI pod member) gets a free slot
+// re-pointed at its image (VMM SetDisk, a media change the guest sees), and
+// the agent mounts it by serial.
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/sirupsen/logrus"
+)
+
+// State is the VM's lifecycle state.
+type State int
+
+const (
+	StateNew State = iota
+	StateBooting
+	StateRunning
+	StatePaused
+	StateStopped
+)
+
+func (s State) String() string {
+	switch s {
+	case StateNew:
+		return "new"
+	case StateBooting:
+		return "booting"
+	case StateRunning:
+		return "running"
+	case StatePaused:
+		return "paused"
+	case StateStopped:
+		return "stopped"
+	}
+	return fmt.Sprintf("state(%d)", int(s))
+}
+
+// stubSize is the size of an empty slot's backing file: non-zero so a VMM
+// that refuses empty disks still starts.
+const stubSize = 4096
+
+// SlotSerial is the virtio-blk serial of drive slot n.
+func SlotSerial(n int) string { return fmt.Sprintf("cube-slot-%d", n) }
+
+// Options configure a sandbox.
+type Options struct {
+	ID string
+	// Dir is the sandbox's private state dir (sockets, stubs, console log);
+	// created by Start, removed by Stop. Keep it short: it holds Unix sockets.
+	Dir       string
+	Kernel    string
+	Initrd    string
+	Cmdline   string
+	MemoryMiB uint32
+	VCPUs     uint32
+	DiskSlots int
+	Template  string
+	// BootTimeout bounds Start until the agent answers Health.
+	BootTimeout time.Duration
+	VMM         VMM
+	Dial        AgentDialer
+	// Cgroup the VMM was placed in by the VMM implementation; removed at Stop.
+	Cgroup string
+	Log    *logrus.Entry
+}
+
+// Sandbox is one VM and its agent connection.
+type Sandbox struct {
+	o Options
+
+	mu       sync.Mutex
+	state    State
+	agent    AgentClient
+	slots    []slot
+	stopping bool
+	done     chan struct{} // closed after the VMM is gone and cleanup ran
+	exit     VMExit
+	unexpect bool
+}
+
+type slot struct {
+	serial, stub string
+	owner        string // container id using it, "" when free
+	mountPoint   string
+}
+
+// New returns a sandbox in StateNew.
+func New(o Options) (*Sandbox, error) {
+	if o.ID == "" || o.Dir == "" || o.VMM == nil || o.Dial == nil {
+		return nil, errors.New("sandbox: id, dir, vmm and dialer are required")
+	}
+	if o.DiskSlots < 1 {
+		return nil, fmt.Errorf("sandbox %s: %d disk slots", o.ID, o.DiskSlots)
+	}
+	if o.Log == nil {
+		o.Log = logrus.NewEntry(logrus.StandardLogger())
+	}
+	if o.BootTimeout <= 0 {
+		o.BootTimeout = 30 * time.Second
+	}
+	return &Sandbox{o: o, done: make(chan struct{})}, nil
+}
+
+// ID returns the sandbox id.
+func (s *Sandbox) ID() string { return s.o.ID }
+
+// Dir returns the sandbox's state dir.
+func (s *Sandbox) Dir() string { return s.o.Dir }
+
+// Cgroup returns the VMM's cgroup ("" when not placed).
+func (s *Sandbox) Cgroup() string { return s.o.Cgroup }
+
+// State returns the lifecycle state.
+func (s *Sandbox) State() State {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state
+}
+
+// Pid returns the VMM's host pid.
+func (s *Sandbox) Pid() int { return s.o.VMM.Pid() }
+
+// Agent returns the agent client (nil before Start succeeded).
+func (s *Sandbox) Agent() AgentClient {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.agent
+}
+
+// Done is closed once the VM is gone (stopped or died) and its resources are cleaned.
+func (s *Sandbox) Done() <-chan struct{} { return s.done }
+
+// Exit reports how the VM ended and whether that was unexpected (not Stop).
+func (s *Sandbox) Exit() (VMExit, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.exit, s.unexpect
+}
+
+// Start boots the VM with firstImage (the first container's rootfs) in slot 0
+// and waits for the agent. On error everything started is torn down.
+func (s *Sandbox) Start(ctx context.Context, firstImage, firstOwner string) (retErr error) {
+	s.mu.Lock()
+	if s.state != StateNew {
+		st := s.state
+		s.mu.Unlock()
+		return fmt.Errorf("sandbox %s: start in state %s", s.o.ID, st)
+	}
+	s.state = StateBooting
+	s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, s.o.BootTimeout)
+	defer cancel()
+
+	if err := os.MkdirAll(s.o.Dir, 0o700); err != nil {
+		return fmt.Errorf("sandbox %s: state dir: %w", s.o.ID, err)
+	}
+	defer func() {
+		if retErr != nil {
+			s.teardown(false)
+		}
+	}()
+	var disks []Disk
+	for i := 0; i < s.o.DiskSlots; i++ {
+		sl := slot{serial: SlotSerial(i), stub: filepath.Join(s.o.Dir, fmt.Sprintf("slot-%d.img", i))}
+		if err := writeStub(sl.stub); err != nil {
+			return fmt.Errorf("sandbox %s: %w", s.o.ID, err)
+		}
+		path := sl.stub
+		// A template was snapshotted with stub drives, and restores with
+		// them: the first rootfs is attached afterwards like any other.
+		if i == 0 && firstImage != "" && s.o.Template == "" {
+			path, sl.owner = firstImage, firstOwner
+		}
+		s.slots = append(s.slots, sl)
+		disks = append(disks, Disk{Serial: sl.serial, Path: path})
+	}
+	cfg := VMConfig{
+		Kernel: s.o.Kernel, Initrd: s.o.Initrd, Cmdline: s.o.Cmdline,
+		MemoryMiB: s.o.MemoryMiB, VCPUs: s.o.VCPUs, Disks: disks,
+		VsockPath:   filepath.Join(s.o.Dir, "vsock.sock"),
+		ControlPath: filepath.Join(s.o.Dir, "control.sock"),
+		ConsolePath: filepath.Join(s.o.Dir, "console.log"),
+		GuestCID:    3,
+		Template:    s.o.Template,
+	}
+	if err := s.o.VMM.Start(ctx, cfg); err != nil {
+		return fmt.Errorf("sandbox %s: start vmm: %w", s.o.ID, err)
+	}
+	go s.supervise()
+	agent, err := s.dialAgent(ctx)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w (console log: %s)", s.o.ID, err, cfg.ConsolePath)
+	}
+	if s.o.Template != "" {
+		if err := freshenRestoredGuest(ctx, agent); err != nil {
+			agent.Close()
+			return fmt.Errorf("sandbox %s: after restoring template %s: %w", s.o.ID, s.o.Template, err)
+		}
+	}
+	s.mu.Lock()
+	s.agent = agent
+	if s.state == StateBooting {
+		s.state = StateRunning
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+// freshenRestoredGuest fixes what a restore leaves stale: the guest clock
+// resumes at snapshot time, and every VM restored from one template would
+// share the template's RNG state.
+func freshenRestoredGuest(ctx context.Context, agent AgentClient) error {
+	if err := agent.SetTime(ctx, time.Now()); err != nil {
+		return fmt.Errorf("set guest time: %w", err)
+	}
+	entropy := make([]byte, 64)
+	if _, err := rand.Read(entropy); err != nil {
+		return fmt.Errorf("host entropy: %w", err)
+	}
+	if err := agent.ReseedRandom(ctx, entropy); err != nil {
+		return fmt.Errorf("reseed guest rng: %w", err)
+	}
+	return nil
+}
+
+func writeStub(path string) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("stub disk: %w", err)
+	}
+	defer f.Close()
+	if err := f.Truncate(stubSize); err != nil {
+		return fmt.Errorf("stub disk %s: %w", path, err)
+	}
+	return nil
+}
+
+// dialAgent retries until the agent answers Health: the guest is booting
+// and its vsock listener appears late.
+func (s *Sandbox) dialAgent(ctx context.Context) (AgentClient, error) {
+	var last error
+	for delay := 2 * time.Millisecond; ; delay = min(delay*2, 100*time.Millisecond) {
+		a, err := s.o.Dial(ctx, s.o.VMM)
+		if err == nil {
+			if err = a.Health(ctx); err == nil {
+				return a, nil
+			}
+			a.Close()
+		}
+		last = err
+		select {
+		case <-s.o.VMM.Wait():
+			return nil, fmt.Errorf("vmm exited while waiting for the agent: %s", s.o.VMM.Exit().describe())
+		case <-ctx.Done():
+			return nil, fmt.Errorf("agent did not answer before the boot timeout: %w (last error: %v)", ctx.Err(), last)
+		case <-time.After(delay):
+		}
+	}
+}
+
+// supervise waits for the VMM to go away and cleans up; an exit not asked for
+// by Stop is recorded as unexpected.
+func (s *Sandbox) supervise() {
+	<-s.o.VMM.Wait()
+	s.mu.Lock()
+	stopping := s.stopping
+	s.mu.Unlock()
+	if !stopping {
+		s.o.Log.WithField("status", s.o.VMM.Exit().describe()).Error("vmm exited unexpectedly")
+	}
+	s.teardown(!stopping)
+}
+
+// teardown closes the agent, removes sockets, stubs and the state dir and
+// the cgroup, then closes Done. Idempotent.
+func (s *Sandbox) teardown(unexpected bool) {
+	s.mu.Lock()
+	if s.state == StateStopped {
+		s.mu.Unlock()
+		return
+	}
+	s.state = StateStopped
+	s.unexpect = unexpected
+	agent := s.agent
+	s.mu.Unlock()
+	if agent != nil {
+		agent.Close()
+	}
+	// The VMM must be gone before its sockets and disks are removed.
+	if w := s.o.VMM.Wait(); w != nil {
+		select {
+		case <-w:
+		default:
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_ = s.o.VMM.Stop(ctx)
+			cancel()
+			<-w
+		}
+	}
+	if err := os.RemoveAll(s.o.Dir); err != nil {
+		s.o.Log.WithError(err).Warn("remove sandbox state dir")
+	}
+	if s.o.Cgroup != "" {
+		if err := RemoveCgroup(s.o.Cgroup); err != nil {
+			s.o.Log.WithError(err).Debug("remove vmm cgroup")
+		}
+	}
+	s.mu.Lock()
+	s.exit = s.o.VMM.Exit()
+	s.mu.Unlock()
+	close(s.done)
+}
+
+// AttachRootfs gives containerID's rootfs image to the guest and mounts it
+// there; it returns the guest mount point. The container that booted the VM
+// already owns slot 0.
+func (s *Sandbox) AttachRootfs(ctx context.Context, containerID, image string) (string, error) {
+	s.mu.Lock()
+	agent := s.agent
+	idx := -1
+	for i := range s.slots {
+		if s.slots[i].owner == containerID {
+			idx = i
+			break
+		}
+	}
+	fresh := idx < 0
+	if fresh {
+		for i := range s.slots {
+			if s.slots[i].owner == "" {
+				idx = i
+				s.slots[i].owner = containerID
+				break
+			}
+		}
+	}
+	s.mu.Unlock()
+	if agent == nil {
+		return "", fmt.Errorf("sandbox %s is not running", s.o.ID)
+	}
+	if idx < 0 {
+		return "", fmt.Errorf("sandbox %s: all %d disk slots are in use (raise disk_slots in the shim config): %w", s.o.ID, len(s.slots), errdefs.ErrResourceExhausted)
+	}
+	release := func() {
+		s.mu.Lock()
+		s.slots[idx].owner = ""
+		s.mu.Unlock()
+	}
+	serial := s.slots[idx].serial
+	if fresh {
+		if err := s.o.VMM.SetDisk(ctx, serial, image); err != nil {
+			release()
+			return "", fmt.Errorf("attach rootfs of %s: %w", containerID, err)
+		}
+	}
+	mp, err := agent.MountDisk(ctx, MountDiskRequest{Serial: serial, FSType: "ext4"})
+	if err != nil {
+		if fresh {
+			_ = s.o.VMM.SetDisk(ctx, serial, s.slots[idx].stub)
+		}
+		release()
+		return "", fmt.Errorf("mount rootfs of %s in the guest: %w", containerID, err)
+	}
+	s.mu.Lock()
+	s.slots[idx].mountPoint = mp
+	s.mu.Unlock()
+	return mp, nil
+}
+
+// DetachRootfs unmounts containerID's rootfs in the guest and points its slot
+// back at the stub. Nothing to do once the VM is gone.
+func (s *Sandbox) DetachRootfs(ctx context.Context, containerID string) error {
+	s.mu.Lock()
+	idx := -1
+	for i := range s.slots {
+		if s.slots[i].owner == containerID {
+			idx = i
+		}
+	}
+	agent, st := s.agent, s.state
+	s.mu.Unlock()
+	if idx < 0 {
+		return nil
+	}
+	defer func() {
+		s.mu.Lock()
+		s.slots[idx].owner, s.slots[idx].mountPoint = "", ""
+		s.mu.Unlock()
+	}()
+	if st == StateStopped || agent == nil {
+		return nil
+	}
+	sl := s.slots[idx]
+	if sl.mountPoint != "" {
+		if err := agent.UnmountDisk(ctx, sl.mountPoint); err != nil {
+			return fmt.Errorf("unmount rootfs of %s in the guest: %w", containerID, err)
+		}
+	}
+	// The guest no longer uses the image: re-point the slot so the
+	// snapshotter can remove the file and the next container can take it.
+	if err := s.o.VMM.SetDisk(ctx, sl.serial, sl.stub); err != nil {
+		return fmt.Errorf("detach rootfs of %s: %w", containerID, err)
+	}
+	return nil
+}
+
+// Pause freezes the whole VM.
+func (s *Sandbox) Pause(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != StateRunning {
+		return fmt.Errorf("sandbox %s: pause in state %s", s.o.ID, s.state)
+	}
+	if err := s.o.VMM.Pause(ctx); err != nil {
+		return fmt.Errorf("sandbox %s: pause: %w", s.o.ID, err)
+	}
+	s.state = StatePaused
+	return nil
+}
+
+// Resume continues a paused VM.
+func (s *Sandbox) Resume(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != StatePaused {
+		return fmt.Errorf("sandbox %s: resume in state %s", s.o.ID, s.state)
+	}
+	if err := s.o.VMM.Resume(ctx); err != nil {
+		return fmt.Errorf("sandbox %s: resume: %w", s.o.ID, err)
+	}
+	s.state = StateRunning
+	return nil
+}
+
+// Stop powers the VM off (agent PowerOff, then the VMM's stop, then SIGKILL
+// when ctx ends) and waits until its resources are cleaned.
+func (s *Sandbox) Stop(ctx context.Context) error {
+	s.mu.Lock()
+	if s.state == StateNew {
+		s.state = StateStopped
+		s.mu.Unlock()
+		close(s.done)
+		return nil
+	}
+	s.stopping = true
+	agent, st := s.agent, s.state
+	s.mu.Unlock()
+	if agent != nil && st == StateRunning {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		// The reply may never come: the guest powers off underneath it.
+		_ = agent.SyncFilesystems(pctx)
+		cancel()
+	}
+	if err := s.o.VMM.Stop(ctx); err != nil {
+		s.o.Log.WithError(err).Warn("stop vmm")
+	}
+	s.teardown(false)
+	<-s.done
+	return nil
+}
+
+// Record is what the shim writes into a container bundle so that the
+// `delete` action of a restarted shim can clean up after a crash.
+type Record struct {
+	SandboxID string `json:"sandbox_id"`
+	Dir       string `json:"dir"`
+	VMMPid    int    `json:"vmm_pid"`
+	Cgroup    string `json:"cgroup,omitempty"`
+}
+
+// RecordFile is the record's name in the bundle.
+const RecordFile = "cube-sandbox.json"
+
+// WriteRecord stores r in bundle.
+func WriteRecord(bundle string, r Record) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(bundle, RecordFile+".tmp")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("write sandbox record: %w", err)
+	}
+	return os.Rename(tmp, filepath.Join(bundle, RecordFile))
+}
+
+// ReadRecord loads the record from bundle.
+func ReadRecord(bundle string) (Record, error) {
+	var r Record
+	b, err := os.ReadFile(filepath.Join(bundle, RecordFile))
+	if err != nil {
+		return r, err
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		return r, fmt.Errorf("parse %s: %w", RecordFile, err)
+	}
+	return r, nil
+}

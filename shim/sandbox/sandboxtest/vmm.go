@@ -1,0 +1,163 @@
+// Package sandboxtest has in-process fakes of the VMM and the guest agent so
+// that the shim's task service can be tested without KVM or a guest. Only
+// tests import it.
+package sandboxtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+
+	"github.com/cube-runtime/cube/shim/sandbox"
+)
+
+// VMM is a fake sandbox.VMM. Crash ends it as if the process died.
+type VMM struct {
+	mu       sync.Mutex
+	Config   sandbox.VMConfig
+	Paused   bool
+	Disks    map[string]string // serial -> backing path
+	started  bool
+	done     chan struct{}
+	exit     sandbox.VMExit
+	StartErr error
+	Agent    *Agent // crashed along with the VM
+}
+
+// NewVMM returns a fake VMM whose agent is a.
+func NewVMM(a *Agent) *VMM {
+	return &VMM{done: make(chan struct{}), Disks: map[string]string{}, Agent: a}
+}
+
+func (v *VMM) Start(ctx context.Context, cfg sandbox.VMConfig) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.StartErr != nil {
+		return v.StartErr
+	}
+	if v.started {
+		return errors.New("fake vmm: started twice")
+	}
+	v.started, v.Config = true, cfg
+	for _, d := range cfg.Disks {
+		v.Disks[d.Serial] = d.Path
+	}
+	// Like the real VMM, create the sockets so cleanup has something to remove.
+	for _, p := range []string{cfg.VsockPath, cfg.ControlPath} {
+		if err := os.WriteFile(p, nil, 0o600); err != nil {
+			return err
+		}
+	}
+	if v.Agent != nil {
+		v.Agent.setDisks(v.diskView)
+	}
+	return nil
+}
+
+func (v *VMM) diskView(serial string) (string, bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	p, ok := v.Disks[serial]
+	return p, ok
+}
+
+func (v *VMM) Pid() int {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if !v.started {
+		return 0
+	}
+	return 424242
+}
+
+func (v *VMM) alive() error {
+	select {
+	case <-v.done:
+		return errors.New("fake vmm: not running")
+	default:
+		return nil
+	}
+}
+
+func (v *VMM) Pause(ctx context.Context) error {
+	if err := v.alive(); err != nil {
+		return err
+	}
+	v.mu.Lock()
+	v.Paused = true
+	v.mu.Unlock()
+	return nil
+}
+
+func (v *VMM) Resume(ctx context.Context) error {
+	if err := v.alive(); err != nil {
+		return err
+	}
+	v.mu.Lock()
+	v.Paused = false
+	v.mu.Unlock()
+	return nil
+}
+
+func (v *VMM) SetDisk(ctx context.Context, serial, path string) error {
+	if err := v.alive(); err != nil {
+		return err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if _, ok := v.Disks[serial]; !ok {
+		return fmt.Errorf("fake vmm: no drive %q", serial)
+	}
+	v.Disks[serial] = path
+	return nil
+}
+
+// Stop ends the VM with status 0.
+func (v *VMM) Stop(ctx context.Context) error {
+	v.end(sandbox.VMExit{})
+	return nil
+}
+
+// Crash ends the VM as a killed VMM process would (status 128+9).
+func (v *VMM) Crash() {
+	v.end(sandbox.VMExit{Status: 137, Err: errors.New("fake vmm killed")})
+}
+
+func (v *VMM) end(e sandbox.VMExit) {
+	v.mu.Lock()
+	select {
+	case <-v.done:
+		v.mu.Unlock()
+		return
+	default:
+	}
+	v.exit = e
+	close(v.done)
+	a := v.Agent
+	v.mu.Unlock()
+	if a != nil {
+		a.die()
+	}
+}
+
+func (v *VMM) Wait() <-chan struct{} { return v.done }
+
+func (v *VMM) Exit() sandbox.VMExit {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.exit
+}
+
+func (v *VMM) DialVsock(ctx context.Context, port uint32) (net.Conn, error) {
+	return nil, errors.New("fake vmm: no vsock; use the fake agent's dialer")
+}
+
+// Dialer returns an AgentDialer that hands out a.
+func Dialer(a *Agent) sandbox.AgentDialer {
+	return func(ctx context.Context, vmm sandbox.VMM) (sandbox.AgentClient, error) {
+		return a, nil
+	}
+}

@@ -1,0 +1,62 @@
+package sandbox
+
+import (
+	"context"
+	"net"
+)
+
+// Disk is one virtio-blk drive of the VM.
+type Disk struct {
+	// Serial is how the guest finds the drive (/sys/block/<dev>/serial);
+	// virtio-blk serials hold at most 20 bytes.
+	Serial string
+	// Path is the backing file on the host.
+	Path     string
+	ReadOnly bool
+}
+
+// VMConfig is what a VM is started with.
+type VMConfig struct {
+	Kernel    string
+	Initrd    string
+	Cmdline   string
+	MemoryMiB uint32
+	VCPUs     uint32
+	Disks     []Disk
+	// VsockPath is the hybrid vsock Unix socket the VMM creates.
+	VsockPath string
+	// ControlPath is the VMM's control socket (pause, resume, stop, info, disk).
+	ControlPath string
+	// ConsolePath receives the guest's serial console output.
+	ConsolePath string
+	// GuestCID is the guest's vsock context id.
+	GuestCID uint32
+	// Template, when set, is a snapshot directory to restore instead of booting.
+	Template string
+}
+
+// VMExit is how the VMM process ended.
+type VMExit struct {
+	// Status is the exit status as a shell reports it (128+signal when killed).
+	Status int
+	Err    error
+}
+
+// VMM runs one VM. Start is called once; Wait's channel is closed (after
+// Exit is set) when the VMM is gone, whoever stopped it.
+type VMM interface {
+	Start(ctx context.Context, cfg VMConfig) error
+	// Pid is the host pid of the VMM process (0 before Start).
+	Pid() int
+	Pause(ctx context.Context) error
+	Resume(ctx context.Context) error
+	// SetDisk points the pre-created drive slot with this serial at a new
+	// backing file (the guest sees a media change).
+	SetDisk(ctx context.Context, serial, path string) error
+	// Stop ends the VM: a graceful stop request, then SIGKILL after ctx ends.
+	Stop(ctx context.Context) error
+	Wait() <-chan struct{}
+	Exit() VMExit
+	// DialVsock connects to a guest vsock port.
+	DialVsock(ctx context.Context, port uint32) (net.Conn, error)
+}

@@ -1,0 +1,196 @@
+package task
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/sirupsen/logrus"
+
+	"github.com/cube-runtime/cube/shim/sandbox"
+)
+
+// A container spec from containerd names host resources the guest cannot
+// see. CRI's are the common case: /etc/hosts, /etc/hostname and
+// /etc/resolv.conf bind-mounted from files in the sandbox's host state dir,
+// /dev/shm from a host tmpfs, and a pod member joins the pod's namespaces
+// through /proc/<sandbox pid>/ns/… where the sandbox pid is the VMM's host
+// pid (the pid this shim reports). guestSpec rewrites those into their guest
+// equivalents:
+//   - a bind mount of a host regular file (up to maxCopiedFile) is copied
+//     into the guest under guestFilesDir/<container>/ and bound from there
+//     (a copy taken at Create: later host edits do not propagate);
+//   - a bind mount of a host directory at /dev/shm becomes a tmpfs;
+//   - any other host directory bind is refused (no shared filesystem yet);
+//   - /proc/<VMM pid>/ns/<type> becomes /proc/<guest pid of the sandbox
+//     container>/ns/<type>; a network namespace path from the host (CNI's
+//     netns) is dropped, so the pod gets a network namespace of its own in
+//     the guest; other host namespace paths are refused.
+
+// guestFilesDir holds host files copied into the guest for bind mounts.
+const guestFilesDir = "/run/cube/files"
+
+// maxCopiedFile bounds a host file copied into the guest for a bind mount.
+const maxCopiedFile = 1 << 20
+
+// shmOptions mount the tmpfs standing in for a host /dev/shm (CRI's default
+// shm size, 64 MiB).
+var shmOptions = []string{"nosuid", "nodev", "noexec", "mode=1777", "size=65536k"}
+
+var procNSPath = regexp.MustCompile(`^/proc/([0-9]+)/ns/([a-z]+)$`)
+
+// guestFileWriter is the agent call guestSpec copies files with.
+type guestFileWriter interface {
+	WriteFile(ctx context.Context, path string, data []byte, mode uint32) error
+}
+
+// specEnv is what guestSpec needs to know about the sandbox.
+type specEnv struct {
+	containerID string
+	vmmPid      int
+	// sandboxGuestPid is the guest pid of the sandbox (pause) container's
+	// init, 0 when this shim does not run it.
+	sandboxGuestPid uint32
+	files           guestFileWriter
+	log             logrus.FieldLogger
+}
+
+// guestSpec returns raw (a spec already carrying the guest root) with host
+// mounts and namespace paths translated; unknown fields pass through.
+func guestSpec(ctx context.Context, raw []byte, env specEnv) ([]byte, error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return nil, fmt.Errorf("parse OCI spec: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	if m, ok := fields["mounts"]; ok {
+		var mounts []specs.Mount
+		if err := json.Unmarshal(m, &mounts); err != nil {
+			return nil, fmt.Errorf("parse OCI spec mounts: %v: %w", err, errdefs.ErrInvalidArgument)
+		}
+		for i := range mounts {
+			if err := guestMount(ctx, &mounts[i], i, env); err != nil {
+				return nil, err
+			}
+		}
+		b, err := json.Marshal(mounts)
+		if err != nil {
+			return nil, err
+		}
+		fields["mounts"] = b
+	}
+	if l, ok := fields["linux"]; ok {
+		var linux map[string]json.RawMessage
+		if err := json.Unmarshal(l, &linux); err != nil {
+			return nil, fmt.Errorf("parse OCI spec linux: %v: %w", err, errdefs.ErrInvalidArgument)
+		}
+		if n, ok := linux["namespaces"]; ok {
+			var nss []specs.LinuxNamespace
+			if err := json.Unmarshal(n, &nss); err != nil {
+				return nil, fmt.Errorf("parse OCI spec namespaces: %v: %w", err, errdefs.ErrInvalidArgument)
+			}
+			for i := range nss {
+				if err := guestNamespace(&nss[i], env); err != nil {
+					return nil, err
+				}
+			}
+			b, err := json.Marshal(nss)
+			if err != nil {
+				return nil, err
+			}
+			linux["namespaces"] = b
+			if fields["linux"], err = json.Marshal(linux); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return json.Marshal(fields)
+}
+
+func isBind(m *specs.Mount) bool {
+	return m.Type == "bind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
+}
+
+func guestMount(ctx context.Context, m *specs.Mount, i int, env specEnv) error {
+	if !isBind(m) {
+		return nil
+	}
+	fi, err := os.Stat(m.Source)
+	if err != nil {
+		return fmt.Errorf("bind mount at %s: host source: %v: %w", m.Destination, err, errdefs.ErrInvalidArgument)
+	}
+	switch {
+	case fi.IsDir() && path.Clean(m.Destination) == "/dev/shm":
+		opts := slices.Clone(shmOptions)
+		if slices.Contains(m.Options, "ro") {
+			opts = append(opts, "ro")
+		}
+		*m = specs.Mount{Destination: m.Destination, Type: "tmpfs", Source: "shm", Options: opts}
+		return nil
+	case fi.Mode().IsRegular():
+		if fi.Size() > maxCopiedFile {
+			return fmt.Errorf("bind mount of host file %s at %s: %d bytes, more than the %d copied into the VM: %w",
+				m.Source, m.Destination, fi.Size(), maxCopiedFile, errdefs.ErrInvalidArgument)
+		}
+		data, err := os.ReadFile(m.Source)
+		if err != nil {
+			return fmt.Errorf("bind mount at %s: read host file: %w", m.Destination, err)
+		}
+		dst := path.Join(guestFilesDir, env.containerID, strconv.Itoa(i)+"-"+filepath.Base(m.Source))
+		if err := env.files.WriteFile(ctx, dst, data, uint32(fi.Mode().Perm())); err != nil {
+			return fmt.Errorf("copy %s into the VM for the bind mount at %s: %w", m.Source, m.Destination, err)
+		}
+		if env.log != nil {
+			env.log.WithFields(logrus.Fields{"host": m.Source, "guest": dst, "destination": m.Destination}).Debug("host file copied into the VM")
+		}
+		m.Source = dst
+		return nil
+	}
+	return fmt.Errorf("bind mount of host %s %s at %s: the VM cannot see host directories or devices (no shared filesystem yet; only regular files up to %d bytes are copied in): %w",
+		fi.Mode().Type(), m.Source, m.Destination, maxCopiedFile, errdefs.ErrInvalidArgument)
+}
+
+func guestNamespace(ns *specs.LinuxNamespace, env specEnv) error {
+	if ns.Path == "" {
+		return nil
+	}
+	if m := procNSPath.FindStringSubmatch(ns.Path); m != nil {
+		if pid, _ := strconv.Atoi(m[1]); pid == env.vmmPid && pid != 0 {
+			if env.sandboxGuestPid == 0 {
+				return fmt.Errorf("%s namespace %s names the sandbox VM, but its sandbox container does not run in it: %w",
+					ns.Type, ns.Path, errdefs.ErrFailedPrecondition)
+			}
+			ns.Path = fmt.Sprintf("/proc/%d/ns/%s", env.sandboxGuestPid, m[2])
+			return nil
+		}
+	}
+	if ns.Type == specs.NetworkNamespace {
+		// A host network namespace (CNI's) cannot be entered from the guest;
+		// the pod's containers share a fresh one inside the VM instead.
+		if env.log != nil {
+			env.log.WithField("path", ns.Path).Warn("host network namespace ignored: the pod gets its own network namespace in the VM (no pod networking yet)")
+		}
+		ns.Path = ""
+		return nil
+	}
+	return fmt.Errorf("%s namespace path %s is on the host; a VM's containers can only join namespaces of their own sandbox: %w",
+		ns.Type, ns.Path, errdefs.ErrInvalidArgument)
+}
+
+// translateSpec is guestSpec for container id of sandbox sandboxID in sb.
+func (s *Service) translateSpec(ctx context.Context, sb *sandbox.Sandbox, id, sandboxID string, raw []byte) ([]byte, error) {
+	env := specEnv{containerID: id, vmmPid: sb.Pid(), files: sb.Agent(), log: s.o.Log.WithField("container", id)}
+	s.mu.Lock()
+	if c := s.containers[sandboxID]; c != nil && c.init != nil && sandboxID != id {
+		env.sandboxGuestPid = c.init.GuestPid()
+	}
+	s.mu.Unlock()
+	return guestSpec(ctx, raw, env)
+}

@@ -1,0 +1,133 @@
+package task
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+type recordedFiles map[string]string
+
+func (r recordedFiles) WriteFile(_ context.Context, path string, data []byte, mode uint32) error {
+	r[path] = fmt.Sprintf("%o:%s", mode, data)
+	return nil
+}
+
+// A CRI pod member's spec, as containerd 2.4 writes it (host network: no
+// uts or net namespace), plus an unknown field that must pass through.
+func criSpec(t *testing.T, sandboxDir string, vmmPid int) []byte {
+	t.Helper()
+	for name, content := range map[string]string{"hosts": "127.0.0.1 localhost\n", "hostname": "pod\n", "resolv.conf": "nameserver 10.0.0.1\n"} {
+		if err := os.WriteFile(filepath.Join(sandboxDir, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	shm := filepath.Join(sandboxDir, "shm")
+	os.Mkdir(shm, 0o700)
+	spec := map[string]any{
+		"ociVersion": "1.2.0",
+		"process":    map[string]any{"args": []string{"sh"}, "cwd": "/"},
+		"root":       map[string]any{"path": "/run/cube/disks/cube-slot-1"},
+		"mounts": []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+			{Destination: "/etc/hosts", Type: "bind", Source: filepath.Join(sandboxDir, "hosts"), Options: []string{"rbind", "rprivate", "rw"}},
+			{Destination: "/etc/hostname", Type: "bind", Source: filepath.Join(sandboxDir, "hostname"), Options: []string{"rbind", "rprivate", "rw"}},
+			{Destination: "/etc/resolv.conf", Source: filepath.Join(sandboxDir, "resolv.conf"), Options: []string{"rbind", "ro"}},
+			{Destination: "/dev/shm", Type: "bind", Source: shm, Options: []string{"rbind", "ro", "nosuid"}},
+		},
+		"linux": map[string]any{
+			"namespaces": []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace},
+				{Type: specs.IPCNamespace, Path: fmt.Sprintf("/proc/%d/ns/ipc", vmmPid)},
+				{Type: specs.MountNamespace},
+			},
+			"cgroupsPath": "/k8s.io/abc",
+		},
+		"x-unknown": "kept",
+	}
+	b, err := json.Marshal(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestGuestSpecCRIPodMember(t *testing.T) {
+	dir := t.TempDir()
+	files := recordedFiles{}
+	out, err := guestSpec(context.Background(), criSpec(t, dir, 4242), specEnv{containerID: "app1", vmmPid: 4242, sandboxGuestPid: 77, files: files})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got specs.Spec
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"/etc/hosts":       "/run/cube/files/app1/1-hosts",
+		"/etc/hostname":    "/run/cube/files/app1/2-hostname",
+		"/etc/resolv.conf": "/run/cube/files/app1/3-resolv.conf",
+	}
+	for _, m := range got.Mounts {
+		if w, ok := want[m.Destination]; ok && m.Source != w {
+			t.Errorf("%s bound from %s, want the guest copy %s", m.Destination, m.Source, w)
+		}
+		if m.Destination == "/dev/shm" && (m.Type != "tmpfs" || !strings.Contains(strings.Join(m.Options, ","), "ro")) {
+			t.Errorf("/dev/shm: %+v, want a read-only tmpfs", m)
+		}
+		if m.Destination == "/proc" && (m.Type != "proc" || m.Source != "proc") {
+			t.Errorf("/proc changed: %+v", m)
+		}
+	}
+	if files["/run/cube/files/app1/1-hosts"] != "644:127.0.0.1 localhost\n" || len(files) != 3 {
+		t.Errorf("files copied into the guest: %v", files)
+	}
+	if ns := got.Linux.Namespaces[1]; ns.Path != "/proc/77/ns/ipc" {
+		t.Errorf("ipc namespace %q, want the sandbox container's guest pid", ns.Path)
+	}
+	if got.Linux.CgroupsPath != "/k8s.io/abc" || !strings.Contains(string(out), `"x-unknown":"kept"`) {
+		t.Errorf("other fields not kept: %s", out)
+	}
+}
+
+func TestGuestSpecRefusals(t *testing.T) {
+	dir := t.TempDir()
+	big := filepath.Join(dir, "big")
+	os.WriteFile(big, make([]byte, maxCopiedFile+1), 0o644)
+	base := func(mounts []specs.Mount, nss []specs.LinuxNamespace) []byte {
+		b, _ := json.Marshal(map[string]any{"process": map[string]any{"args": []string{"x"}}, "mounts": mounts,
+			"linux": map[string]any{"namespaces": nss}})
+		return b
+	}
+	env := specEnv{containerID: "c", vmmPid: 4242, files: recordedFiles{}}
+	for name, tc := range map[string]struct {
+		spec []byte
+		want error
+		msg  string
+	}{
+		"host directory volume": {base([]specs.Mount{{Destination: "/data", Type: "bind", Source: dir}}, nil), errdefs.ErrInvalidArgument, "cannot see host directories"},
+		"missing source":        {base([]specs.Mount{{Destination: "/x", Options: []string{"rbind"}, Source: filepath.Join(dir, "nope")}}, nil), errdefs.ErrInvalidArgument, "no such file"},
+		"large file":            {base([]specs.Mount{{Destination: "/x", Type: "bind", Source: big}}, nil), errdefs.ErrInvalidArgument, "more than"},
+		"host ipc namespace":    {base(nil, []specs.LinuxNamespace{{Type: specs.IPCNamespace, Path: "/proc/1/ns/ipc"}}), errdefs.ErrInvalidArgument, "on the host"},
+		"no sandbox container":  {base(nil, []specs.LinuxNamespace{{Type: specs.IPCNamespace, Path: "/proc/4242/ns/ipc"}}), errdefs.ErrFailedPrecondition, "does not run"},
+		"bad json":              {[]byte(`{"mounts": 7}`), errdefs.ErrInvalidArgument, "mounts"},
+	} {
+		_, err := guestSpec(context.Background(), tc.spec, env)
+		if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.msg) {
+			t.Errorf("%s: %v, want %v with %q", name, err, tc.want, tc.msg)
+		}
+	}
+	// A host network namespace (CNI's netns) is replaced by a new one.
+	out, err := guestSpec(context.Background(), base(nil, []specs.LinuxNamespace{{Type: specs.NetworkNamespace, Path: "/var/run/netns/cni-1"}}), env)
+	if err != nil || strings.Contains(string(out), "cni-1") {
+		t.Errorf("host netns: %s %v", out, err)
+	}
+}
