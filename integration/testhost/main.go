@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // Main is for a test package's TestMain. Inside a test host it runs the tests. Outside, it boots one test host
@@ -30,6 +32,17 @@ func RunMain(m *testing.M, o Options) int {
 	return runSelf(o)
 }
 
+// Reruns: the test host is TCG with an emulated AMD-V CPU, whose nested guests sometimes stall, triple-fault
+// or take the test host's own kernel down (README "Known problems"). A package is therefore run at most
+// maxAttempts times: after a kernel failure the whole package again, after failed tests only those top-level
+// tests again. Each rerun says so loudly; a test that fails in every attempt fails the package.
+const (
+	maxAttempts = 3
+	// rerunBudget: no rerun starts after this much wall time, so a package stays well inside go test's
+	// -timeout (the e2e tier runs with 30m).
+	rerunBudget = 12 * time.Minute
+)
+
 func runSelf(o Options) int {
 	exe, err := os.Executable()
 	if err != nil {
@@ -38,30 +51,85 @@ func runSelf(o Options) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	res, err := Run(ctx, o, Payload{Binary: exe, Args: payloadArgs(os.Args[1:])}, os.Stdout)
-	// The emulated machine's own kernel failing is not a test result (TCG's nested AMD-V, README "Known
-	// problems"): run the package once more in a fresh test host, and say so. A second failure fails.
-	var re *RunError
-	if errors.As(err, &re) && re.KernelFailure && ctx.Err() == nil {
-		fmt.Fprintf(os.Stderr, "cube-testhost: %s\n--- test host console (tail) ---\n%s\n"+
-			"cube-testhost: the test host's kernel failed, not a test: running the package again in a fresh test host (attempt 2 of 2)\n",
-			re.Reason, re.Result.ConsoleTail(40))
-		res, err = Run(ctx, o, Payload{Binary: exe, Args: payloadArgs(os.Args[1:])}, os.Stdout)
-	}
-	if err != nil {
-		if errors.Is(err, ErrNoQEMU) {
-			fmt.Fprintf(os.Stderr, "FAIL: end-to-end tests need the test host: %v\n", err)
-		} else {
-			fmt.Fprintf(os.Stderr, "FAIL: %v\n", err)
+	begin := time.Now()
+	args := payloadArgs(os.Args[1:])
+	var flaky []string // what failed in an earlier attempt and was run again
+	for attempt := 1; ; attempt++ {
+		res, err := Run(ctx, o, Payload{Binary: exe, Args: args}, os.Stdout)
+		last := attempt >= maxAttempts || ctx.Err() != nil || time.Since(begin) > rerunBudget
+		var re *RunError
+		switch {
+		case errors.As(err, &re) && re.KernelFailure && !last:
+			fmt.Fprintf(os.Stderr, "cube-testhost: %s\n--- test host console (tail) ---\n%s\n"+
+				"cube-testhost: RERUN: the test host's kernel failed, not a test: running the same tests again in a fresh test host (attempt %d of %d)\n",
+				re.Reason, re.Result.ConsoleTail(40), attempt+1, maxAttempts)
+			flaky = append(flaky, fmt.Sprintf("attempt %d: test host kernel failure", attempt))
+			continue
+		case err != nil:
+			if errors.Is(err, ErrNoQEMU) {
+				fmt.Fprintf(os.Stderr, "FAIL: end-to-end tests need the test host: %v\n", err)
+			} else {
+				fmt.Fprintf(os.Stderr, "FAIL: %v\n", err)
+			}
+			return 1
 		}
-		return 1
-	}
-	fmt.Printf("cube-testhost: boot to payload %.2fs, wall %.2fs, payload exit %d (artifacts %s)\n",
-		res.Boot.Seconds(), res.Wall.Seconds(), res.ExitCode, res.CacheKey)
-	if res.ExitCode != 0 {
+		fmt.Printf("cube-testhost: boot to payload %.2fs, wall %.2fs, payload exit %d (artifacts %s)\n",
+			res.Boot.Seconds(), res.Wall.Seconds(), res.ExitCode, res.CacheKey)
+		if res.ExitCode == 0 {
+			if len(flaky) > 0 {
+				fmt.Printf("cube-testhost: FLAKY: passed in attempt %d after: %s\n", attempt, strings.Join(flaky, "; "))
+			}
+			return 0
+		}
 		fmt.Fprintf(os.Stderr, "--- test host console (tail) ---\n%s\n", res.ConsoleTail(40))
+		failed := failedTests(res.Output)
+		if last || len(failed) == 0 {
+			return res.ExitCode
+		}
+		fmt.Fprintf(os.Stderr, "cube-testhost: RERUN: %s failed; running only them again in a fresh test host (attempt %d of %d)\n",
+			strings.Join(failed, ", "), attempt+1, maxAttempts)
+		flaky = append(flaky, fmt.Sprintf("attempt %d: %s failed", attempt, strings.Join(failed, ", ")))
+		args = withRun(args, failed)
 	}
-	return res.ExitCode
+}
+
+// failedTests returns the top-level tests that go test's verbose output reports as failed, in order.
+func failedTests(out []byte) []string {
+	var names []string
+	seen := map[string]bool{}
+	for _, line := range strings.Split(string(out), "\n") {
+		rest, ok := strings.CutPrefix(line, "--- FAIL: ")
+		if !ok {
+			continue
+		}
+		name, _, _ := strings.Cut(rest, " ")
+		if name == "" || strings.Contains(name, "/") || seen[name] {
+			continue
+		}
+		seen[name] = true
+		names = append(names, name)
+	}
+	return names
+}
+
+// withRun replaces any -test.run in args with one selecting exactly the named top-level tests.
+func withRun(args, tests []string) []string {
+	var out []string
+	for i := 0; i < len(args); i++ {
+		name, _, hasValue := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
+		if name == "test.run" || name == "run" {
+			if !hasValue {
+				i++ // the value is the next argument
+			}
+			continue
+		}
+		out = append(out, args[i])
+	}
+	quoted := make([]string, len(tests))
+	for i, t := range tests {
+		quoted[i] = regexp.QuoteMeta(t)
+	}
+	return append(out, "-test.run=^("+strings.Join(quoted, "|")+")$")
 }
 
 // payloadArgs keeps the test flags that make sense inside (run, v, count, timeout, bench…) and drops those
