@@ -82,6 +82,9 @@ func runSelf(o Options) int {
 			return 0
 		}
 		fmt.Fprintf(os.Stderr, "--- test host console (tail) ---\n%s\n", res.ConsoleTail(40))
+		if d := failureDigest(res.Output, 12); d != "" {
+			fmt.Fprintf(os.Stderr, "--- failed tests (attempt %d) ---\n%s", attempt, d)
+		}
 		failed := failedTests(res.Output)
 		if last || len(failed) == 0 {
 			return res.ExitCode
@@ -147,4 +150,61 @@ func payloadArgs(args []string) []string {
 		out = append(out, a)
 	}
 	return out
+}
+
+// failureDigest returns, for each failed test that has no failed subtest, the last lines it logged (go test -v
+// output): at the end of a long run they put the failure messages where a reader of the log's tail sees them,
+// instead of far above behind later tests' output and diagnostics dumps.
+func failureDigest(out []byte, perTest int) string {
+	type block struct{ lines []string }
+	blocks := map[string]*block{}
+	cur := ""
+	var failed []string
+	for _, line := range strings.Split(string(out), "\n") {
+		trimmed := strings.TrimLeft(line, " ")
+		if rest, ok := strings.CutPrefix(trimmed, "--- FAIL: "); ok {
+			name, _, _ := strings.Cut(rest, " ")
+			failed = append(failed, name)
+			cur = "" // what follows a result line belongs to the next "=== " header, or to no test
+			continue
+		}
+		if strings.HasPrefix(trimmed, "--- ") {
+			cur = ""
+			continue
+		}
+		if h, ok := strings.CutPrefix(line, "=== "); ok {
+			// "=== RUN   TestX/sub", "=== NAME  TestX", "=== CONT  TestX", "=== PAUSE TestX"
+			if f := strings.Fields(h); len(f) == 2 {
+				cur = f[1]
+			}
+			continue
+		}
+		if cur == "" || line == "" {
+			continue
+		}
+		b := blocks[cur]
+		if b == nil {
+			b = &block{}
+			blocks[cur] = b
+		}
+		b.lines = append(b.lines, line)
+		if len(b.lines) > perTest {
+			b.lines = b.lines[1:]
+		}
+	}
+	var sb strings.Builder
+	for _, name := range failed {
+		leaf := true
+		for _, other := range failed {
+			if strings.HasPrefix(other, name+"/") {
+				leaf = false
+			}
+		}
+		b := blocks[name]
+		if !leaf || b == nil {
+			continue
+		}
+		fmt.Fprintf(&sb, "--- %s: last %d lines it logged:\n%s\n", name, len(b.lines), strings.Join(b.lines, "\n"))
+	}
+	return sb.String()
 }

@@ -34,3 +34,31 @@ func TestWithRun(t *testing.T) {
 		}
 	}
 }
+
+func TestFailureDigest(t *testing.T) {
+	out := []byte(`=== RUN   TestA
+=== RUN   TestA/kill
+    x_test.go:10: started
+    x_test.go:11: ctr task kill: rc 1
+=== RUN   TestA/ok
+    x_test.go:20: fine
+=== NAME  TestA
+    x_test.go:30: containerd log (tail):
+        lots of lines
+--- FAIL: TestA (2.00s)
+    --- FAIL: TestA/kill (1.00s)
+    --- PASS: TestA/ok (1.00s)
+=== RUN   TestB
+    y_test.go:1: one
+    y_test.go:2: two
+    y_test.go:3: boom
+--- FAIL: TestB (1.00s)
+FAIL
+`)
+	got := failureDigest(out, 2)
+	want := "--- TestA/kill: last 2 lines it logged:\n    x_test.go:10: started\n    x_test.go:11: ctr task kill: rc 1\n" +
+		"--- TestB: last 2 lines it logged:\n    y_test.go:2: two\n    y_test.go:3: boom\n"
+	if got != want {
+		t.Fatalf("failureDigest:\n%s\nwant:\n%s", got, want)
+	}
+}
