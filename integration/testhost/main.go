@@ -60,6 +60,9 @@ func runSelf(o Options) int {
 		var re *RunError
 		switch {
 		case errors.As(err, &re) && re.KernelFailure && !last:
+			if r := KernelReport(re.Result.Console, 80); r != "" {
+				fmt.Fprintf(os.Stderr, "--- test host kernel report (first 80 lines) ---\n%s\n", r)
+			}
 			fmt.Fprintf(os.Stderr, "cube-testhost: %s\n--- test host console (tail) ---\n%s\n"+
 				"cube-testhost: RERUN: the test host's kernel failed, not a test: running the same tests again in a fresh test host (attempt %d of %d)\n",
 				re.Reason, re.Result.ConsoleTail(40), attempt+1, maxAttempts)

@@ -38,6 +38,10 @@ type RunError struct {
 }
 
 func (e *RunError) Error() string {
+	if r := KernelReport(e.Result.Console, 80); e.KernelFailure && r != "" {
+		return fmt.Sprintf("test host: %s\n--- payload output (tail) ---\n%s\n--- test host kernel report (first 80 lines) ---\n%s\n--- test host console (tail) ---\n%s",
+			e.Reason, tailLines(e.Result.Output, 30), r, e.Result.ConsoleTail(40))
+	}
 	return fmt.Sprintf("test host: %s\n--- payload output (tail) ---\n%s\n--- test host console (tail) ---\n%s",
 		e.Reason, tailLines(e.Result.Output, 30), e.Result.ConsoleTail(40))
 }

@@ -146,3 +146,23 @@ func warnOldQEMU(qemu string) {
 			qemu, m[1])
 	}
 }
+
+// oopsStart matches the first line of a kernel report (oops, BUG, double fault, lockup, stall, panic).
+var oopsStart = regexp.MustCompile(`\] (BUG: |Oops: |general protection fault|traps: |double fault|` +
+	`kernel stack overflow|watchdog: BUG|rcu: INFO: |Kernel panic - not syncing|WARNING: CPU: |` +
+	`corrupted stack end)`)
+
+// KernelReport returns up to n console lines from the first kernel report on: the start of a trace, which
+// a console tail misses when the trace is long.
+func KernelReport(console []byte, n int) string {
+	loc := oopsStart.FindIndex(console)
+	if loc == nil {
+		return ""
+	}
+	start := bytes.LastIndexByte(console[:loc[0]], '\n') + 1
+	lines := bytes.SplitAfter(console[start:], []byte("\n"))
+	if len(lines) > n {
+		lines = lines[:n]
+	}
+	return string(bytes.Join(lines, nil))
+}

@@ -62,3 +62,16 @@ func TestLockMachineSerializes(t *testing.T) {
 	}
 	unlock2()
 }
+
+func TestKernelReport(t *testing.T) {
+	console := []byte("[    1.0] booting\n[    2.0] ok\n[   37.1] BUG: stack guard page was hit at 00000000 (stack is x..y)\n" +
+		"[   37.1] kernel stack overflow (double-fault): 0000 [#1] SMP\n[   37.1] Call Trace:\n[   37.3] Kernel panic - not syncing: Fatal exception in interrupt\n")
+	got := KernelReport(console, 2)
+	want := "[   37.1] BUG: stack guard page was hit at 00000000 (stack is x..y)\n[   37.1] kernel stack overflow (double-fault): 0000 [#1] SMP\n"
+	if got != want {
+		t.Fatalf("KernelReport = %q, want %q", got, want)
+	}
+	if r := KernelReport([]byte("[ 1.0] all fine\n"), 5); r != "" {
+		t.Fatalf("KernelReport of a healthy console = %q", r)
+	}
+}
