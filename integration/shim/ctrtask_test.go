@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,7 +18,39 @@ import (
 	"time"
 
 	"github.com/containerd/console"
+	"github.com/containerd/ttrpc"
+
+	"github.com/cube-runtime/cube/checkpoint"
+	"github.com/cube-runtime/cube/guest-agent/protocol"
+	"github.com/cube-runtime/cube/hypervisor/virtio/vsock"
+	"github.com/cube-runtime/cube/integration/vmmrun"
 )
+
+// dialAgent connects to the guest agent of a cube-vmm started by the test (its hybrid vsock socket),
+// waiting up to a minute for it to answer.
+func dialAgent(t *testing.T, uds string, vmm *vmmrun.Process) protocol.AgentService {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		conn, err := vsock.Dial(c, uds, protocol.AgentPort)
+		if err == nil {
+			tc := ttrpc.NewClient(conn)
+			cl := protocol.NewAgentClient(tc)
+			if _, err = cl.Version(c, &protocol.VersionRequest{}); err == nil {
+				cancel()
+				t.Cleanup(func() { tc.Close() })
+				return cl
+			}
+			tc.Close()
+		}
+		cancel()
+		if time.Now().After(deadline) {
+			t.Fatalf("agent of the restored VM never answered: %v\nconsole:\n%s\nstderr:\n%s", err, vmm.ConsoleTail(), vmm.Stderr())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
 
 // runtime is one way to run a container through ctr: io.cube.v1 on the cube
 // snapshotter, or runc on overlayfs as the reference for exit codes and signals.
@@ -368,6 +401,92 @@ func TestCtrTasks(t *testing.T) {
 			if rc != 3 || !strings.Contains(out, "/dev/pts/") || !strings.Contains(out, "stdin-is-tty") {
 				t.Errorf("%s: ctr task exec -t: rc %d (want 3), output %q (want a /dev/pts name and stdin-is-tty)", rt.name, rc, out)
 			}
+		}
+	})
+
+	t.Run("checkpoint", func(t *testing.T) {
+		// cube only: runc's checkpoint needs CRIU. `ctr task checkpoint --image-path DIR` writes a VM
+		// snapshot into DIR/vm; the task carries on. The snapshot restores in a new cube-vmm with the
+		// container's process still counting; --exit then ends the task as runc does.
+		id := "cube-ckpt"
+		d.runDetached(t, cubeRuntime, id, "sh", "-c", "i=0; while :; do i=$((i+1)); echo $i > /count; sleep 0.1; done")
+		count := func() int {
+			t.Helper()
+			out, rc, err := d.ctrQuiet(nil, "task", "exec", "--exec-id", fmt.Sprintf("c%d", time.Now().UnixNano()), id, "cat", "/count")
+			n, perr := strconv.Atoi(strings.TrimSpace(out))
+			if err != nil || rc != 0 || perr != nil {
+				t.Fatalf("read the counter: rc %d %v %v\n%s", rc, err, perr, out)
+			}
+			return n
+		}
+		time.Sleep(time.Second)
+		before := count()
+		img := t.TempDir()
+		if out, rc, err := d.ctr("task", "checkpoint", "--image-path", img, id); err != nil || rc != 0 {
+			t.Fatalf("ctr task checkpoint --image-path: rc %d %v\n%s", rc, err, out)
+		}
+		snapDir := filepath.Join(img, "vm")
+		snap, err := checkpoint.Open(snapDir)
+		if err != nil {
+			t.Fatalf("the checkpoint is not a valid VM snapshot: %v", err)
+		}
+		t.Logf("checkpoint: %d vCPU(s), %d MiB, %d disks", snap.Manifest.Shape.VCPUs, snap.Manifest.Shape.MemoryMiB, len(snap.Manifest.Shape.Disks))
+		d.waitStatus(t, id, "RUNNING", 10*time.Second) // ctr paused it around the checkpoint and resumed it
+		time.Sleep(time.Second)
+		if after := count(); after <= before {
+			t.Errorf("counter %d before the checkpoint, %d after: the task did not carry on", before, after)
+		}
+
+		// The checkpoint in a new VMM: the container's process is there and counts on.
+		rdir := t.TempDir()
+		vmm := vmmrun.Start(t, cubeVMM, "restore", "-disk-dir", rdir, "-control", rdir+"/ctl.sock",
+			"-vsock", rdir+"/vsock.sock", "-console", rdir+"/console.log", snapDir)
+		agent := dialAgent(t, rdir+"/vsock.sock", vmm)
+		c, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		pids, err := agent.ListPids(c, &protocol.ListPidsRequest{ContainerId: id})
+		if err != nil || len(pids.Pids) == 0 {
+			t.Fatalf("restored VM: pids of %s: %v %v", id, pids, err)
+		}
+		readCount := func() int {
+			t.Helper()
+			r, err := agent.ReadFile(c, &protocol.ReadFileRequest{ContainerId: id, Path: "/count", Length: 64})
+			if err != nil {
+				t.Fatalf("restored VM: read /count: %v", err)
+			}
+			n, err := strconv.Atoi(strings.TrimSpace(string(r.Data)))
+			if err != nil {
+				t.Fatalf("restored VM: /count = %q", r.Data)
+			}
+			return n
+		}
+		first := readCount()
+		time.Sleep(time.Second)
+		if next := readCount(); next <= first || first < before {
+			t.Errorf("restored VM: counter %d then %d (checkpoint taken after %d): the process did not resume", first, next, before)
+		}
+		if _, err := agent.PowerOff(c, &protocol.PowerOffRequest{}); err != nil {
+			t.Logf("restored VM: power off: %v", err)
+		}
+		if rc := vmm.Wait(t, time.Minute); rc != 0 {
+			t.Errorf("restored cube-vmm exit %d, want 0 after power-off", rc)
+		}
+
+		// An existing checkpoint is not overwritten.
+		if out, rc, _ := d.ctr("task", "checkpoint", "--image-path", img, id); rc == 0 || !strings.Contains(out, "already holds a checkpoint") {
+			t.Errorf("second checkpoint into the same dir: rc %d, want an error naming the existing checkpoint:\n%s", rc, out)
+		}
+		// --exit: the task ends as killed once the snapshot is written.
+		img2 := t.TempDir()
+		if out, rc, err := d.ctr("task", "checkpoint", "--exit", "--image-path", img2, id); err != nil || rc != 0 {
+			t.Fatalf("ctr task checkpoint --exit: rc %d %v\n%s", rc, err, out)
+		}
+		if _, err := checkpoint.Open(filepath.Join(img2, "vm")); err != nil {
+			t.Errorf("checkpoint --exit: %v", err)
+		}
+		d.waitStatus(t, id, "STOPPED", time.Minute)
+		if out, rc, err := d.ctr("task", "rm", id); err != nil || rc != 0 || !strings.Contains(out, "exit code 137") {
+			t.Errorf("ctr task rm after checkpoint --exit: rc %d %v, want 0 and exit code 137 reported:\n%s", rc, err, out)
 		}
 	})
 

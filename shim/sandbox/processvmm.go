@@ -284,47 +284,62 @@ func (v *ProcessVMM) DialVsock(ctx context.Context, port uint32) (net.Conn, erro
 // own request type ({"op":…}; disk-set adds serial and path).
 type controlRequest = control.Request
 
+// Snapshot implements VMM with the control op "snapshot".
+func (v *ProcessVMM) Snapshot(ctx context.Context, dir string) (json.RawMessage, error) {
+	if !filepath.IsAbs(dir) {
+		return nil, fmt.Errorf("snapshot dir %q is not absolute", dir)
+	}
+	return v.controlResult(ctx, controlRequest{Op: "snapshot", Dir: dir})
+}
+
 // control sends one request and reads the one-line JSON response.
 func (v *ProcessVMM) control(ctx context.Context, req controlRequest) error {
+	_, err := v.controlResult(ctx, req)
+	return err
+}
+
+// controlResult is control returning the op's result.
+func (v *ProcessVMM) controlResult(ctx context.Context, req controlRequest) (json.RawMessage, error) {
 	v.mu.Lock()
 	path := v.cfg.ControlPath
 	v.mu.Unlock()
 	if path == "" {
-		return errors.New("vmm not started")
+		return nil, errors.New("vmm not started")
 	}
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
-		return fmt.Errorf("vmm control %s: %w", req.Op, err)
+		return nil, fmt.Errorf("vmm control %s: %w", req.Op, err)
 	}
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
 	defer stop()
 	if err := json.NewEncoder(conn).Encode(req); err != nil {
-		return fmt.Errorf("vmm control %s: %w", req.Op, err)
+		return nil, fmt.Errorf("vmm control %s: %w", req.Op, err)
 	}
 	line, err := bufio.NewReader(&limitedReader{r: conn, n: 64 << 10}).ReadBytes('\n')
 	if err != nil {
-		return fmt.Errorf("vmm control %s: read reply: %w", req.Op, err)
+		return nil, fmt.Errorf("vmm control %s: read reply: %w", req.Op, err)
 	}
-	if err := parseControlReply(line); err != nil {
-		return fmt.Errorf("vmm control %s: %w", req.Op, err)
+	result, err := parseControlReply(line)
+	if err != nil {
+		return nil, fmt.Errorf("vmm control %s: %w", req.Op, err)
 	}
-	return nil
+	return result, nil
 }
 
-func parseControlReply(line []byte) error {
+func parseControlReply(line []byte) (json.RawMessage, error) {
 	var resp control.Response
 	if err := json.Unmarshal(line, &resp); err != nil {
-		return fmt.Errorf("bad reply: %w", err)
+		return nil, fmt.Errorf("bad reply: %w", err)
 	}
 	if !resp.OK {
 		if resp.Error == "" {
-			return errors.New("refused without a reason")
+			return nil, errors.New("refused without a reason")
 		}
-		return fmt.Errorf("refused: %s", resp.Error)
+		return nil, fmt.Errorf("refused: %s", resp.Error)
 	}
-	return nil
+	return resp.Result, nil
 }
 
 type limitedReader struct {

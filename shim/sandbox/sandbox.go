@@ -449,6 +449,32 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 	return nil
 }
 
+// Snapshot writes a whole-VM snapshot into dir (see VMM.Snapshot). A
+// running guest syncs its filesystems first, so that the disk copies in the
+// snapshot are consistent on their own; a paused guest cannot answer and
+// needs not: memory and disks are captured at the same instant either way.
+func (s *Sandbox) Snapshot(ctx context.Context, dir string) (json.RawMessage, error) {
+	s.mu.Lock()
+	st, agent := s.state, s.agent
+	s.mu.Unlock()
+	switch st {
+	case StateRunning:
+		if agent != nil {
+			if err := agent.SyncFilesystems(ctx); err != nil {
+				return nil, fmt.Errorf("sandbox %s: snapshot: sync guest filesystems: %w", s.o.ID, err)
+			}
+		}
+	case StatePaused:
+	default:
+		return nil, fmt.Errorf("sandbox %s: snapshot in state %s", s.o.ID, st)
+	}
+	res, err := s.o.VMM.Snapshot(ctx, dir)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: snapshot: %w", s.o.ID, err)
+	}
+	return res, nil
+}
+
 // Stop powers the VM off (agent PowerOff, then the VMM's stop, then SIGKILL
 // when ctx ends) and waits until its resources are cleaned.
 func (s *Sandbox) Stop(ctx context.Context) error {

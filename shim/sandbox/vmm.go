@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"encoding/json"
 	"net"
 )
 
@@ -53,6 +54,10 @@ type VMM interface {
 	// SetDisk points the pre-created drive slot with this serial at a new
 	// backing file (the guest sees a media change).
 	SetDisk(ctx context.Context, serial, path string) error
+	// Snapshot writes a whole-VM snapshot (memory, vCPU and device state,
+	// copies of the writable disks) into dir, which must not exist yet, and
+	// returns the VMM's figures as JSON. A paused VM stays paused.
+	Snapshot(ctx context.Context, dir string) (json.RawMessage, error)
 	// Stop ends the VM: a graceful stop request, then SIGKILL after ctx ends.
 	Stop(ctx context.Context) error
 	Wait() <-chan struct{}

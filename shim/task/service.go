@@ -218,6 +218,11 @@ func (s *Service) watchSandbox(sb *sandbox.Sandbox) {
 		return
 	}
 	s.o.Log.WithField("vmm_status", exit.Status).WithError(exit.Err).Error("sandbox VM died; ending its tasks")
+	s.endAll(process.ExitVMGone)
+}
+
+// endAll marks every process of the VM exited with status (an exit event each).
+func (s *Service) endAll(status uint32) {
 	s.mu.Lock()
 	var procs []*process.Process
 	for _, c := range s.containers {
@@ -233,7 +238,7 @@ func (s *Service) watchSandbox(sb *sandbox.Sandbox) {
 	}
 	s.mu.Unlock()
 	for _, p := range procs {
-		p.SetExited(process.Exit{Status: process.ExitVMGone, At: time.Now()})
+		p.SetExited(process.Exit{Status: status, At: time.Now()})
 	}
 }
 

@@ -3,6 +3,7 @@ package task
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -19,6 +20,7 @@ import (
 	eventstypes "github.com/containerd/containerd/api/events"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/api/types"
+	"github.com/containerd/containerd/api/types/runc/options"
 	apitask "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/v2/core/events"
 	"github.com/containerd/containerd/v2/core/runtime"
@@ -598,9 +600,7 @@ func TestDiskSlotsExhausted(t *testing.T) {
 func TestUnimplementedRPCsSayWhy(t *testing.T) {
 	h := newHarness(t)
 	h.create("c1", []string{"sleep"}, nil, nil)
-	_, err := h.svc.Checkpoint(h.ctx, &taskAPI.CheckpointTaskRequest{ID: "c1", Path: "/tmp/x"})
-	wantCode(t, err, codes.Unimplemented, "VM snapshots")
-	_, err = h.svc.Update(h.ctx, &taskAPI.UpdateTaskRequest{ID: "c1"})
+	_, err := h.svc.Update(h.ctx, &taskAPI.UpdateTaskRequest{ID: "c1"})
 	wantCode(t, err, codes.Unimplemented, "resizing a sandbox VM")
 	_, err = h.svc.Stats(h.ctx, &taskAPI.StatsRequest{ID: "c1"})
 	wantCode(t, err, codes.Unimplemented, "not placed in a cgroup")
@@ -768,4 +768,70 @@ func (r *nsRecorder) Publish(ctx context.Context, topic string, ev events.Event)
 	r.namespaces = append(r.namespaces, ns)
 	r.mu.Unlock()
 	return nil
+}
+
+func TestCheckpoint(t *testing.T) {
+	h := newHarness(t)
+	h.create("c1", []string{"sleep"}, nil, nil)
+	// Not started yet: nothing to snapshot.
+	_, err := h.svc.Checkpoint(h.ctx, &taskAPI.CheckpointTaskRequest{ID: "c1", Path: t.TempDir()})
+	wantCode(t, err, codes.FailedPrecondition, "created")
+	h.start("c1", "")
+	_, err = h.svc.Checkpoint(h.ctx, &taskAPI.CheckpointTaskRequest{ID: "c1", Path: "rel/dir"})
+	wantCode(t, err, codes.InvalidArgument, "absolute")
+	wrong, _ := typeurl.MarshalAnyToProto(&options.Options{})
+	_, err = h.svc.Checkpoint(h.ctx, &taskAPI.CheckpointTaskRequest{ID: "c1", Path: t.TempDir(), Options: wrong})
+	wantCode(t, err, codes.InvalidArgument, "CheckpointOptions")
+	_, err = h.svc.Checkpoint(h.ctx, &taskAPI.CheckpointTaskRequest{ID: "nope", Path: t.TempDir()})
+	wantCode(t, err, codes.NotFound, "nope")
+
+	// As containerd's client does it: paused around the call; the VM stays paused.
+	if _, err := h.svc.Pause(h.ctx, &taskAPI.PauseRequest{ID: "c1"}); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "ckpt") // created when missing
+	opts, _ := typeurl.MarshalAnyToProto(&options.CheckpointOptions{ImagePath: path})
+	if _, err := h.svc.Checkpoint(h.ctx, &taskAPI.CheckpointTaskRequest{ID: "c1", Path: path, Options: opts}); err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(path, CheckpointDirName); len(h.vmm.Snapshots) != 1 || h.vmm.Snapshots[0] != want {
+		t.Fatalf("snapshots %v, want [%s]", h.vmm.Snapshots, want)
+	}
+	if !h.vmm.Paused || h.state("c1", "") != apitask.Status_PAUSED {
+		t.Fatal("checkpoint of a paused task did not leave it paused")
+	}
+	ev := h.events.find(runtime.TaskCheckpointedEventTopic)
+	if len(ev) != 1 || ev[0].(*eventstypes.TaskCheckpointed).Checkpoint != filepath.Join(path, CheckpointDirName) {
+		t.Fatalf("checkpointed events %v", ev)
+	}
+	// The same path twice would overwrite: refused, the first one kept.
+	_, err = h.svc.Checkpoint(h.ctx, &taskAPI.CheckpointTaskRequest{ID: "c1", Path: path})
+	wantCode(t, err, codes.AlreadyExists, "already holds a checkpoint")
+	if _, err := h.svc.Resume(h.ctx, &taskAPI.ResumeRequest{ID: "c1"}); err != nil {
+		t.Fatal(err)
+	}
+
+	// A VMM that fails: the error comes back, the task keeps running.
+	h.vmm.SnapshotErr = errors.New("disk full")
+	_, err = h.svc.Checkpoint(h.ctx, &taskAPI.CheckpointTaskRequest{ID: "c1", Path: t.TempDir()})
+	wantCode(t, err, codes.Unknown, "disk full")
+	if h.state("c1", "") != apitask.Status_RUNNING {
+		t.Fatal("a failed checkpoint stopped the task")
+	}
+	h.vmm.SnapshotErr = nil
+
+	// --exit: snapshot, then the container ends as killed and the VM is gone.
+	exit, _ := typeurl.MarshalAnyToProto(&options.CheckpointOptions{Exit: true})
+	if _, err := h.svc.Checkpoint(h.ctx, &taskAPI.CheckpointTaskRequest{ID: "c1", Path: t.TempDir(), Options: exit}); err != nil {
+		t.Fatal(err)
+	}
+	if st := h.wait("c1", ""); st != 137 {
+		t.Fatalf("exit status after checkpoint --exit: %d, want 137", st)
+	}
+	if d := h.delete("c1", ""); d.ExitStatus != 137 {
+		t.Fatalf("delete exit %d", d.ExitStatus)
+	}
+	if _, err := os.Stat(SandboxDir(h.stateDir, "test", "c1")); !os.IsNotExist(err) {
+		t.Fatalf("sandbox dir left after checkpoint --exit: %v", err)
+	}
 }

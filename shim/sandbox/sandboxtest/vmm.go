@@ -5,10 +5,13 @@ package sandboxtest
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
+	"strconv"
 	"sync"
 
 	"github.com/cube-runtime/cube/shim/sandbox"
@@ -25,6 +28,9 @@ type VMM struct {
 	exit     sandbox.VMExit
 	StartErr error
 	Agent    *Agent // crashed along with the VM
+	// Snapshots lists the dirs Snapshot wrote; SnapshotErr makes it fail.
+	Snapshots   []string
+	SnapshotErr error
 }
 
 // NewVMM returns a fake VMM whose agent is a.
@@ -113,6 +119,27 @@ func (v *VMM) SetDisk(ctx context.Context, serial, path string) error {
 	}
 	v.Disks[serial] = path
 	return nil
+}
+
+// Snapshot writes a marker file into dir (which must not exist) and records
+// the call; SnapshotErr, when set, is returned instead.
+func (v *VMM) Snapshot(ctx context.Context, dir string) (json.RawMessage, error) {
+	if err := v.alive(); err != nil {
+		return nil, err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.SnapshotErr != nil {
+		return nil, v.SnapshotErr
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("fake vmm: snapshot: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "manifest.json"), []byte(`{"fake":true}`), 0o600); err != nil {
+		return nil, err
+	}
+	v.Snapshots = append(v.Snapshots, dir)
+	return json.RawMessage(`{"dir":` + strconv.Quote(dir) + `}`), nil
 }
 
 // Stop ends the VM with status 0.
