@@ -284,7 +284,16 @@ func (s *Snapshotter) mounts(sn storage.Snapshot) []mount.Mount {
 			src = s.imagePath(sn.ParentIDs[0])
 		}
 	}
-	return []mount.Mount{{Type: "ext4", Source: src, Options: []string{"loop", mode}}}
+	opts := []string{"loop", mode}
+	if sn.Kind == snapshots.KindActive {
+		// An active image may be a running VM's root disk, mounted with its journal in the guest.
+		// containerd also mounts it on the host, read-only, to diff it (the rw layer of `ctr task
+		// checkpoint`): a read-only loop device cannot replay that journal, and ext4 refuses to mount
+		// without noload. noload skips the journal on the host side (unpacking into a fresh image then
+		// runs without one: nothing uncommitted survives a crash anyway).
+		opts = append(opts, "noload")
+	}
+	return []mount.Mount{{Type: "ext4", Source: src, Options: opts}}
 }
 
 // Commit turns an active snapshot into a committed one named name. The image

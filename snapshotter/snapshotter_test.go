@@ -108,8 +108,8 @@ func TestLifecycleTransitions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(m) != 1 || m[0].Type != "ext4" || !slices.Equal(m[0].Options, []string{"loop", "rw"}) {
-		t.Fatalf("prepare mounts = %+v, want one ext4 [loop rw]", m)
+	if len(m) != 1 || m[0].Type != "ext4" || !slices.Equal(m[0].Options, []string{"loop", "rw", "noload"}) {
+		t.Fatalf("prepare mounts = %+v, want one ext4 [loop rw noload]", m)
 	}
 	img := m[0].Source
 	st, err := os.Stat(img)
@@ -148,7 +148,7 @@ func TestLifecycleTransitions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m[0].Source == img || !slices.Equal(m[0].Options, []string{"loop", "rw"}) {
+	if m[0].Source == img || !slices.Equal(m[0].Options, []string{"loop", "rw", "noload"}) {
 		t.Fatalf("child mounts %+v", m)
 	}
 	if got := catFile(t, m[0].Source, "hello"); got != "from base\n" {

@@ -104,7 +104,7 @@ func TestServeOverSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(m) != 1 || m[0].Type != "ext4" || strings.Join(m[0].Options, ",") != "loop,rw" {
+	if len(m) != 1 || m[0].Type != "ext4" || strings.Join(m[0].Options, ",") != "loop,rw,noload" {
 		t.Fatalf("mounts over gRPC: %+v", m)
 	}
 	if err := sn.Commit(ctx, "base", "a"); err != nil {
