@@ -89,7 +89,7 @@ func runSelf(o Options) int {
 			fmt.Fprintf(os.Stderr, "--- failed tests (attempt %d) ---\n%s", attempt, d)
 		}
 		failed := failedTests(res.Output)
-		if last || len(failed) == 0 {
+		if last || len(failed) == 0 || !allTests(failed) {
 			return res.ExitCode
 		}
 		fmt.Fprintf(os.Stderr, "cube-testhost: RERUN: %s failed; running only them again in a fresh test host (attempt %d of %d)\n",
@@ -116,6 +116,17 @@ func failedTests(out []byte) []string {
 		names = append(names, name)
 	}
 	return names
+}
+
+// allTests says whether every name is a Test function: -test.run cannot select benchmarks, examples or
+// fuzz targets again, so a run where one of those failed is not rerun.
+func allTests(names []string) bool {
+	for _, n := range names {
+		if !strings.HasPrefix(n, "Test") {
+			return false
+		}
+	}
+	return true
 }
 
 // withRun replaces any -test.run in args with one selecting exactly the named top-level tests.

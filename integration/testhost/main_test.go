@@ -62,3 +62,9 @@ FAIL
 		t.Fatalf("failureDigest:\n%s\nwant:\n%s", got, want)
 	}
 }
+
+func TestAllTests(t *testing.T) {
+	if !allTests([]string{"TestA", "TestB"}) || allTests([]string{"TestA", "BenchmarkX"}) || allTests([]string{"ExampleY"}) {
+		t.Fatal("allTests must accept only Test functions")
+	}
+}
