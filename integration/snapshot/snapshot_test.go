@@ -305,9 +305,24 @@ func (s *sandbox) afterRestore(what string, before *protocol.HealthResponse) {
 	if h2.RngReseeds != h.RngReseeds+1 {
 		s.t.Errorf("%s: rng_reseeds %d after ReseedRandom, was %d", what, h2.RngReseeds, h.RngReseeds)
 	}
-	s.t.Logf("%s: agent noticed the transport reset (resets %d→%d, own reseeds %d→%d); guest clock was %v behind, stepped",
+	s.t.Logf("%s: agent noticed the transport reset (resets %d→%d, own reseeds %d→%d); guest clock was %v behind, stepped; %s",
 		what, before.TransportResets, h.TransportResets, before.RngReseeds, h.RngReseeds,
-		set.Sub(time.Unix(0, stale.NowUnixNano)).Round(time.Millisecond))
+		set.Sub(time.Unix(0, stale.NowUnixNano)).Round(time.Millisecond), s.asyncPF())
+}
+
+// asyncPF reports the guest's async page fault interrupts (the HYP row of /proc/interrupts: KVM's "page
+// ready" notifications), for the log: cube-vmm hides the feature, so they must stay at zero.
+func (s *sandbox) asyncPF() string {
+	r, err := s.client.ReadFile(ctx(s.t), &protocol.ReadFileRequest{Path: "/proc/interrupts"})
+	if err != nil {
+		return fmt.Sprintf("(/proc/interrupts: %v)", err)
+	}
+	for _, l := range strings.Split(string(r.Data), "\n") {
+		if f := strings.Fields(l); len(f) > 1 && f[0] == "HYP:" {
+			return "guest " + strings.Join(f, " ")
+		}
+	}
+	return "guest has no HYP interrupts row"
 }
 
 func (s *sandbox) controlOp(op string, f func() (json.RawMessage, error)) {
