@@ -43,6 +43,7 @@ while read cmd n tag; do
   case "$cmd" in
   dirty) r=$(/bin/busybox dd if=/mem/rand of=/mem/dirty bs=1M count=$n conv=notrunc 2>&1 | /bin/busybox tail -1); echo "DIRTY-DONE $tag $r; rand $(/bin/busybox wc -c </mem/rand) bytes";;
   ping) echo "PONG $n";;
+  hyp) echo "HYP-DONE $n $(/bin/busybox grep HYP: /proc/interrupts)";;
   esac
 done
 /bin/busybox sleep 1000000
@@ -131,14 +132,149 @@ func (p *proc) waitLine(tb testing.TB, prefix string, timeout time.Duration) str
 		p.mu.Unlock()
 		select {
 		case <-p.done:
-			tb.Fatalf("%s exited before %q:\n%s", p.cmd.Path, prefix, p.tail())
+			tb.Fatalf("%s exited (%v) before %q:\n%s\nkernel log:\n%s", p.cmd.Path, p.cmd.ProcessState, prefix, p.tail(), kernelLog())
 		default:
 		}
+		if procState(p.cmd.Process.Pid) == "Z" {
+			// Its main thread exited but another is stuck in the kernel: the pipes stay open, done never comes.
+			// Cleanup could not reap it either: report and end the run.
+			fmt.Printf("\n=== %s is a zombie before %q:\n%s\nthreads:\n%s\nkernel log:\n%s\n", p.cmd.Path, prefix, p.tail(),
+				threadStacks(p.cmd.Process.Pid), kernelLog())
+			os.Exit(1)
+		}
 		if time.Now().After(deadline) {
-			tb.Fatalf("no %q from %s in %v:\n%s", prefix, p.cmd.Path, timeout, p.tail())
+			tb.Fatalf("no %q from %s in %v:\n%s\nmemory: %s\nthreads:\n%s\nkernel log:\n%s", prefix, p.cmd.Path, timeout, p.tail(),
+				memoryUse(p.cmd.Process.Pid), threadStacks(p.cmd.Process.Pid), kernelLog())
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// memoryUse says how much memory the test host has left and what the process pid holds: resident memory by
+// kind, mappings and open files (the things a rollback → snapshot cycle could leak).
+func memoryUse(pid int) string {
+	var out []string
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			for _, k := range []string{"MemAvailable:", "Shmem:", "AnonPages:"} {
+				if strings.HasPrefix(l, k) {
+					out = append(out, strings.Join(strings.Fields(l), " "))
+				}
+			}
+		}
+	}
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			for _, k := range []string{"VmRSS:", "RssAnon:", "RssFile:", "RssShmem:", "Threads:"} {
+				if strings.HasPrefix(l, k) {
+					out = append(out, "vmm "+strings.Join(strings.Fields(l), " "))
+				}
+			}
+		}
+	}
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid)); err == nil {
+		out = append(out, fmt.Sprintf("vmm mappings: %d", bytes.Count(b, []byte("\n"))))
+	}
+	if e, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid)); err == nil {
+		out = append(out, fmt.Sprintf("vmm fds: %d", len(e)))
+	}
+	return strings.Join(out, ", ")
+}
+
+// threadStacks describes where each thread of pid is: its state, kernel wait channel and kernel stack (root
+// only), and the process's state: the evidence when a VMM stops answering or exits half-way.
+func threadStacks(pid int) string {
+	var b strings.Builder
+	if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
+		for _, l := range strings.Split(string(st), "\n") {
+			if strings.HasPrefix(l, "State:") || strings.HasPrefix(l, "Threads:") || strings.HasPrefix(l, "SigPnd") ||
+				strings.HasPrefix(l, "ShdPnd") || strings.HasPrefix(l, "VmRSS") {
+				fmt.Fprintf(&b, "%s\n", l)
+			}
+		}
+	} else {
+		fmt.Fprintf(&b, "(status: %v)\n", err)
+	}
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	for _, t := range tasks {
+		stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, t.Name()))
+		wchan, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/wchan", pid, t.Name()))
+		stack, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stack", pid, t.Name()))
+		f := strings.Fields(string(stat))
+		state := "?"
+		if len(f) > 2 {
+			state = f[2]
+		}
+		fmt.Fprintf(&b, "thread %s state %s wchan %s\n%s", t.Name(), state, wchan, stack)
+	}
+	return b.String()
+}
+
+// watch runs f; if it has not returned after limit, it prints (to stdout, at once: a stuck benchmark's log
+// would never be flushed) what the VMM process is doing, and fails.
+func (p *proc) watch(tb testing.TB, what string, limit time.Duration, f func()) {
+	tb.Helper()
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-done:
+		case <-time.After(limit):
+			fmt.Printf("\n=== %s: no answer after %v; VMM pid %d (exited: %v)\n%s\nconsole and stderr:\n%s\nmemory: %s\nkernel log:\n%s\n",
+				what, limit, p.cmd.Process.Pid, p.exited(), threadStacks(p.cmd.Process.Pid), p.tail(), memoryUse(p.cmd.Process.Pid), kernelLog())
+			// f may never return (a VMM thread stuck in the kernel keeps its sockets open): end the run here.
+			syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+			os.Exit(1)
+		}
+	}()
+	f()
+	close(done)
+}
+
+// procState is the one-letter state of pid ("" if unknown).
+func procState(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ""
+	}
+	if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) {
+		return string(b[i+2])
+	}
+	return ""
+}
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// kernelLog returns the test host kernel's messages that say why a process died (OOM killer, segfaults).
+func kernelLog() string {
+	f, err := os.OpenFile("/dev/kmsg", os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return fmt.Sprintf("(kernel log: %v)", err)
+	}
+	defer f.Close()
+	var out []string
+	buf := make([]byte, 8192)
+	for {
+		n, err := f.Read(buf)
+		if err != nil || n == 0 {
+			break
+		}
+		l := string(buf[:n])
+		if i := strings.IndexByte(l, ';'); i >= 0 {
+			l = l[i+1:]
+		}
+		if strings.Contains(l, "oom") || strings.Contains(l, "Out of memory") || strings.Contains(l, "Killed process") ||
+			strings.Contains(l, "segfault") || strings.Contains(l, "kvm") || strings.Contains(l, "Mem-Info") {
+			out = append(out, strings.TrimSpace(l))
+		}
+	}
+	return lastN(strings.Join(out, "\n"), 4000)
 }
 
 func (p *proc) wait(tb testing.TB, timeout time.Duration) {
@@ -181,7 +317,7 @@ func bootCube(tb testing.TB, dir string, memMiB, randMiB int) *cubeVM {
 	tb.Helper()
 	sock := filepath.Join(dir, "cube-ctl.sock")
 	p := startProc(tb, cubeVMM, "-kernel", guestKernel, "-initrd", benchInitrd, "-memory", fmt.Sprint(memMiB), "-vcpus", "1",
-		"-cmdline", fmt.Sprintf("%s bench.rand=%d", benchCmdline, randMiB), "-console-input", "stdin", "-control", sock)
+		"-cmdline", fmt.Sprintf("%s bench.rand=%d", benchCmdline, randMiB), "-console-input", "stdin", "-control", sock, "-log-level", "info")
 	tb.Logf("cube-vmm %d MiB guest: %s", memMiB, p.waitLine(tb, "BENCH-READY", 5*time.Minute))
 	return &cubeVM{p: p, ctl: dialControl(tb, p, sock, time.Minute)}
 }
@@ -202,10 +338,12 @@ type snapResult struct {
 func (v *cubeVM) snapshot(tb testing.TB, dir string, incremental bool) (time.Duration, snapResult) {
 	tb.Helper()
 	t0 := time.Now()
-	raw, err := v.ctl.Snapshot(dir, incremental)
+	var raw json.RawMessage
+	var err error
+	v.p.watch(tb, "snapshot "+dir, 3*time.Minute, func() { raw, err = v.ctl.Snapshot(dir, incremental) })
 	d := time.Since(t0)
 	if err != nil {
-		tb.Fatalf("snapshot: %v\n%s", err, v.p.tail())
+		tb.Fatalf("snapshot: %v\n%s\nmemory: %s\nkernel log:\n%s", err, v.p.tail(), memoryUse(v.p.cmd.Process.Pid), kernelLog())
 	}
 	var r snapResult
 	json.Unmarshal(raw, &r)
@@ -215,10 +353,12 @@ func (v *cubeVM) snapshot(tb testing.TB, dir string, incremental bool) (time.Dur
 func (v *cubeVM) rollback(tb testing.TB, dir string) (time.Duration, snapResult) {
 	tb.Helper()
 	t0 := time.Now()
-	raw, err := v.ctl.Rollback(dir)
+	var raw json.RawMessage
+	var err error
+	v.p.watch(tb, "rollback to "+dir, 3*time.Minute, func() { raw, err = v.ctl.Rollback(dir) })
 	d := time.Since(t0)
 	if err != nil {
-		tb.Fatalf("rollback: %v\n%s", err, v.p.tail())
+		tb.Fatalf("rollback: %v\n%s\nmemory: %s\nkernel log:\n%s", err, v.p.tail(), memoryUse(v.p.cmd.Process.Pid), kernelLog())
 	}
 	var r snapResult
 	json.Unmarshal(raw, &r)
@@ -576,6 +716,13 @@ func BenchmarkSnapshotDirty(b *testing.B) {
 					dirty[g.mem][n] = append(dirty[g.mem][n], d)
 					written[g.mem][n] = r.MemoryBytes
 					os.RemoveAll(inc)
+					if tag%5 == 0 {
+						// Where the host's memory goes, cycle by cycle: a rollback → dirty → snapshot cycle
+						// must not leave anything behind.
+						fmt.Fprintf(v.p.stdin, "hyp t%d\n", tag)
+						hyp := v.p.waitLine(b, fmt.Sprintf("HYP-DONE t%d", tag), 5*time.Minute)
+						b.Logf("%d MiB guest, cycle %d (%d MiB dirtied): %s; %s", g.mem, tag, n, memoryUse(v.p.cmd.Process.Pid), hyp)
+					}
 				}
 			}
 			v.stop(b)
