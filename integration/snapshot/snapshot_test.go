@@ -95,7 +95,7 @@ func (s *sandbox) connect(timeout time.Duration) time.Duration {
 		}
 		cancel()
 		if time.Now().After(deadline) {
-			s.t.Fatalf("agent never answered: %v\nconsole:\n%s\nstderr:\n%s", err, s.vmm.ConsoleTail(), s.vmm.Stderr())
+			s.t.Fatalf("agent never answered: %v\n%s", err, s.diagnose())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -198,6 +198,13 @@ func (s *sandbox) diagnose() string {
 		var info json.RawMessage
 		err := s.ctl.Info(&info)
 		fmt.Fprintf(&b, "vmm info: %s %v\n", info, err)
+		// Twice, a few seconds apart: whether the vCPU moves, halts for good, or has a vector stuck in service.
+		for i := 0; i < 2; i++ {
+			var v json.RawMessage
+			err := s.ctl.VCPUs(&v)
+			fmt.Fprintf(&b, "vcpus: %s %v\n", v, err)
+			time.Sleep(3 * time.Second)
+		}
 	}
 	if st, ok := s.vmm.Exited(); ok {
 		fmt.Fprintf(&b, "cube-vmm exited with status %d\n", st)
@@ -248,7 +255,7 @@ func (s *sandbox) health() *protocol.HealthResponse {
 	s.t.Helper()
 	h, err := s.client.Health(ctx(s.t), &protocol.HealthRequest{})
 	if err != nil {
-		s.t.Fatalf("health: %v", err)
+		s.t.Fatalf("health: %v\n%s", err, s.diagnose())
 	}
 	return h
 }
