@@ -10,9 +10,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -181,6 +183,61 @@ func memoryUse(pid int) string {
 	return strings.Join(out, ", ")
 }
 
+// monitor prints, when the benchmark has made no progress for a while, where it is stuck: its own goroutines
+// and every VMM thread's state and kernel stack. It runs beside the benchmark because a VMM thread stuck in
+// the kernel can block the benchmark's own diagnostics (and every read is bounded for the same reason).
+type monitor struct {
+	step  atomic.Value // string: what the benchmark is doing
+	moved atomic.Int64 // unix nanoseconds of the last step
+	pid   atomic.Int64 // the VMM of the step
+}
+
+func startMonitor(tb testing.TB) *monitor {
+	m := &monitor{}
+	m.set("start", 0)
+	stop := make(chan struct{})
+	tb.Cleanup(func() { close(stop) })
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(30 * time.Second):
+			}
+			idle := time.Since(time.Unix(0, m.moved.Load()))
+			if idle < 90*time.Second {
+				continue
+			}
+			buf := make([]byte, 1<<20)
+			buf = buf[:runtime.Stack(buf, true)]
+			pid := int(m.pid.Load())
+			fmt.Printf("\n=== monitor: no progress for %v in %q; VMM pid %d state %q\n%s\n=== benchmark goroutines:\n%s\n=== kernel log:\n%s\n",
+				idle.Round(time.Second), m.step.Load(), pid, bounded(func() string { return procState(pid) }),
+				bounded(func() string { return threadStacks(pid) }), buf, bounded(kernelLog))
+			m.moved.Store(time.Now().UnixNano()) // next report in 90 s
+		}
+	}()
+	return m
+}
+
+func (m *monitor) set(step string, pid int) {
+	m.step.Store(step)
+	m.pid.Store(int64(pid))
+	m.moved.Store(time.Now().UnixNano())
+}
+
+// bounded runs f for at most 10 s (a /proc read of a process stuck in the kernel may block).
+func bounded(f func() string) string {
+	c := make(chan string, 1)
+	go func() { c <- f() }()
+	select {
+	case s := <-c:
+		return s
+	case <-time.After(10 * time.Second):
+		return "(blocked for 10 s)"
+	}
+}
+
 // threadStacks describes where each thread of pid is: its state, kernel wait channel and kernel stack (root
 // only), and the process's state: the evidence when a VMM stops answering or exits half-way.
 func threadStacks(pid int) string {
@@ -220,7 +277,8 @@ func (p *proc) watch(tb testing.TB, what string, limit time.Duration, f func()) 
 		case <-done:
 		case <-time.After(limit):
 			fmt.Printf("\n=== %s: no answer after %v; VMM pid %d (exited: %v)\n%s\nconsole and stderr:\n%s\nmemory: %s\nkernel log:\n%s\n",
-				what, limit, p.cmd.Process.Pid, p.exited(), threadStacks(p.cmd.Process.Pid), p.tail(), memoryUse(p.cmd.Process.Pid), kernelLog())
+				what, limit, p.cmd.Process.Pid, p.exited(), bounded(func() string { return threadStacks(p.cmd.Process.Pid) }), p.tail(),
+				bounded(func() string { return memoryUse(p.cmd.Process.Pid) }), bounded(kernelLog))
 			// f may never return (a VMM thread stuck in the kernel keeps its sockets open): end the run here.
 			syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 			os.Exit(1)
@@ -688,13 +746,17 @@ func BenchmarkVsQEMU(b *testing.B) {
 // in a 1 GiB guest (and 16 MiB in a 128 MiB guest); then restore latency of a 128 MiB and a 1 GiB guest.
 func BenchmarkSnapshotDirty(b *testing.B) {
 	dir := benchDir(b)
+	mon := startMonitor(b)
 	for b.Loop() {
 		restores := map[int]series{}
 		dirty := map[int]map[int]series{}
 		written := map[int]map[int]int64{128: {}, 1024: {}}
 		for _, g := range []struct{ mem, rand int }{{128, 32}, {1024, 256}} {
+			mon.set(fmt.Sprintf("boot %d MiB", g.mem), 0)
 			v := bootCube(b, dir, g.mem, g.rand)
+			pid := v.p.cmd.Process.Pid
 			parent := filepath.Join(dir, fmt.Sprintf("full-%d", g.mem))
+			mon.set("full snapshot", pid)
 			v.snapshot(b, parent, false)
 			dirty[g.mem] = map[int]series{}
 			sizes := []int{1, 16, 64, 256}
@@ -705,13 +767,16 @@ func BenchmarkSnapshotDirty(b *testing.B) {
 			for _, n := range sizes {
 				for range benchRuns {
 					// Back to the parent (memory equal to it again), dirty n MiB, incremental snapshot over it.
+					mon.set(fmt.Sprintf("rollback before cycle %d", tag+1), pid)
 					v.rollback(b, parent)
 					tag++
+					mon.set(fmt.Sprintf("dirty %d MiB, cycle %d", n, tag), pid)
 					fmt.Fprintf(v.p.stdin, "dirty %d t%d\n", n, tag)
 					if line := v.p.waitLine(b, fmt.Sprintf("DIRTY-DONE t%d ", tag), 5*time.Minute); n == 256 && tag%benchRuns == 0 {
 						b.Logf("guest: %s", line)
 					}
 					inc := filepath.Join(dir, "inc")
+					mon.set(fmt.Sprintf("incremental snapshot, cycle %d", tag), pid)
 					d, r := v.snapshot(b, inc, true)
 					dirty[g.mem][n] = append(dirty[g.mem][n], d)
 					written[g.mem][n] = r.MemoryBytes
@@ -721,12 +786,14 @@ func BenchmarkSnapshotDirty(b *testing.B) {
 						// must not leave anything behind.
 						fmt.Fprintf(v.p.stdin, "hyp t%d\n", tag)
 						hyp := v.p.waitLine(b, fmt.Sprintf("HYP-DONE t%d", tag), 5*time.Minute)
-						b.Logf("%d MiB guest, cycle %d (%d MiB dirtied): %s; %s", g.mem, tag, n, memoryUse(v.p.cmd.Process.Pid), hyp)
+						b.Logf("%d MiB guest, cycle %d (%d MiB dirtied): %s; %s", g.mem, tag, n, bounded(func() string { return memoryUse(pid) }), hyp)
 					}
 				}
 			}
+			mon.set(fmt.Sprintf("stop %d MiB", g.mem), pid)
 			v.stop(b)
-			for range benchRuns {
+			for i := range benchRuns {
+				mon.set(fmt.Sprintf("restore %d of the %d MiB guest", i+1, g.mem), 0)
 				restores[g.mem] = append(restores[g.mem], restoreCube(b, dir, parent))
 			}
 			os.RemoveAll(parent)
