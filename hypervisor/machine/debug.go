@@ -13,6 +13,8 @@ type VCPUDebug struct {
 	ID          int    `json:"id"`
 	RIP         string `json:"rip"`
 	RFLAGS      string `json:"rflags"`
+	CR2         string `json:"cr2"` // the last page fault's address
+	CR3         string `json:"cr3"`
 	InterruptOK bool   `json:"if"`       // RFLAGS.IF
 	MPState     uint32 `json:"mp_state"` // 0 runnable, 3 halted
 	TPR         uint32 `json:"tpr"`
@@ -52,6 +54,18 @@ func (m *Machine) DebugVCPUs() ([]VCPUDebug, error) {
 			return nil, fmt.Errorf("vcpu %d: %w", c.ID(), err)
 		}
 		d.RIP, d.RFLAGS, d.InterruptOK = fmt.Sprintf("%#x", regs.RIP), fmt.Sprintf("%#x", regs.RFLAGS), regs.RFLAGS&(1<<9) != 0
+		// Events before SREGS: reading them delivers a pending #PF's address into CR2.
+		if ev, err := c.GetVCPUEvents(); err == nil {
+			if ev.Interrupt.Injected != 0 {
+				d.Injected = fmt.Sprintf("interrupt %#x", ev.Interrupt.Nr)
+			}
+			if ev.Exception.Injected != 0 || ev.Exception.Pending != 0 {
+				d.Injected += fmt.Sprintf(" exception %d error code %#x", ev.Exception.Nr, ev.Exception.ErrorCode)
+			}
+		}
+		if sr, err := c.GetSregs(); err == nil {
+			d.CR2, d.CR3 = fmt.Sprintf("%#x", sr.CR2), fmt.Sprintf("%#x", sr.CR3)
+		}
 		if mp, err := c.GetMPState(); err == nil {
 			d.MPState = mp.MPState
 		}
@@ -63,14 +77,6 @@ func (m *Machine) DebugVCPUs() ([]VCPUDebug, error) {
 		}
 		if ms, err := c.GetMSRs([]uint32{msrIA32TSC, msrIA32TSCDeadline}); err == nil && len(ms) == 2 {
 			d.TSC, d.TSCDeadline = ms[0].Data, ms[1].Data
-		}
-		if ev, err := c.GetVCPUEvents(); err == nil {
-			if ev.Interrupt.Injected != 0 {
-				d.Injected = fmt.Sprintf("interrupt %#x", ev.Interrupt.Nr)
-			}
-			if ev.Exception.Injected != 0 || ev.Exception.Pending != 0 {
-				d.Injected += fmt.Sprintf(" exception %d", ev.Exception.Nr)
-			}
 		}
 		out = append(out, d)
 	}
