@@ -52,6 +52,11 @@ func dialAgent(t *testing.T, uds string, vmm *vmmrun.Process) protocol.AgentServ
 	}
 }
 
+// counterScript counts in /count every 100 ms. The file is replaced by a rename, so a reader (cat, or the
+// agent's ReadFile in a restored VM, which may run before the guest's next instruction) never sees it
+// truncated and empty.
+const counterScript = "i=0; while :; do i=$((i+1)); echo $i > /count.new; busybox mv -f /count.new /count; sleep 0.1; done"
+
 // runtime is one way to run a container through ctr: io.cube.v1 on the cube
 // snapshotter, or runc on overlayfs as the reference for exit codes and signals.
 type runtime struct {
@@ -317,7 +322,7 @@ func TestCtrTasks(t *testing.T) {
 	t.Run("pause-resume", func(t *testing.T) {
 		for _, rt := range rts {
 			id := rt.name + "-pause"
-			d.runDetached(t, rt, id, "sh", "-c", "i=0; while :; do i=$((i+1)); echo $i > /count; sleep 0.1; done")
+			d.runDetached(t, rt, id, "sh", "-c", counterScript)
 			count := func() int {
 				t.Helper()
 				out, rc, err := d.ctrQuiet(nil, "task", "exec", "--exec-id", fmt.Sprintf("c%d", time.Now().UnixNano()), id, "cat", "/count")
@@ -409,7 +414,7 @@ func TestCtrTasks(t *testing.T) {
 		// snapshot into DIR/vm; the task carries on. The snapshot restores in a new cube-vmm with the
 		// container's process still counting; --exit then ends the task as runc does.
 		id := "cube-ckpt"
-		d.runDetached(t, cubeRuntime, id, "sh", "-c", "i=0; while :; do i=$((i+1)); echo $i > /count; sleep 0.1; done")
+		d.runDetached(t, cubeRuntime, id, "sh", "-c", counterScript)
 		count := func() int {
 			t.Helper()
 			out, rc, err := d.ctrQuiet(nil, "task", "exec", "--exec-id", fmt.Sprintf("c%d", time.Now().UnixNano()), id, "cat", "/count")
