@@ -186,16 +186,6 @@ func TestCPUIDTopology(t *testing.T) {
 	}
 }
 
-// TestCPUIDHidesAsyncPF: async page faults leave guest tasks waiting on host state a snapshot cannot hold.
-func TestCPUIDHidesAsyncPF(t *testing.T) {
-	const steal, pvEOI = 1 << 5, 1 << 6
-	sup := []kvm.CPUIDEntry2{{Function: 0x40000001, EAX: 1<<4 | 1<<10 | 1<<14 | steal | pvEOI | 1<<3}}
-	got := CPUID(sup, 0, 1)
-	if got[0].EAX != steal|pvEOI|1<<3 {
-		t.Errorf("kvm features %#x, want async PF bits (4, 10, 14) cleared and the rest kept", got[0].EAX)
-	}
-}
-
 func TestGDTDescriptors(t *testing.T) {
 	g := GDT()
 	cs := le.Uint64(g[BootCS:])

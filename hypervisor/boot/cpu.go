@@ -24,35 +24,10 @@ func CPUID(supported []kvm.CPUIDEntry2, apicID, n int) []kvm.CPUIDEntry2 {
 		case 0xb, 0x1f:
 			// x2APIC topology: EDX is the x2APIC id on every subleaf.
 			e.EDX = uint32(apicID)
-		case kvmCPUIDFeatures:
-			e.EAX &^= kvmFeatureAsyncPFMask
 		}
 	}
 	return out
 }
-
-// KVM's paravirtual feature leaf and the async page fault features in it.
-//
-// Async page faults are hidden from the guest because their state cannot be
-// saved: when a guest task touches a page the host has not faulted in yet,
-// KVM may tell the guest "page not present", the guest puts the task to
-// sleep on a token, and the host-side work that later sends "page ready"
-// lives only in the host kernel. A snapshot taken while a task sleeps on
-// such a token (likely right after a restore or rollback, when guest memory
-// is mapped lazily from the snapshot file) restores a guest whose task waits
-// for a wake-up that never comes: KVM's wake-all on the restored
-// MSR_KVM_ASYNC_PF_EN is skipped while completions of the old VM are still
-// queued, and a new process has none of them. The guest then hangs in that
-// task (the agent, the worker, a kernel worker) while the vCPU runs on.
-// Without the feature the vCPU itself waits for the host fault, which is
-// part of no saved state.
-const (
-	kvmCPUIDFeatures       = 0x40000001
-	kvmFeatureAsyncPF      = 1 << 4
-	kvmFeatureAsyncPFVMExt = 1 << 10
-	kvmFeatureAsyncPFInt   = 1 << 14
-	kvmFeatureAsyncPFMask  = kvmFeatureAsyncPF | kvmFeatureAsyncPFVMExt | kvmFeatureAsyncPFInt
-)
 
 // x86 MSRs set at boot.
 const (

@@ -57,13 +57,6 @@ type DiskSetter interface {
 	SetDisk(serial, path string) (json.RawMessage, error)
 }
 
-// Debugger is a Target that can report its vCPUs' execution state (op
-// "vcpus": the vCPUs are parked for a moment), for diagnosing a guest that
-// stopped answering.
-type Debugger interface {
-	VCPUsJSON() (json.RawMessage, error)
-}
-
 // Target is what the socket controls.
 type Target interface {
 	Pause() error
@@ -162,12 +155,6 @@ func (s *Server) handle(line []byte) Response {
 		go s.target.Stop()
 	case "info":
 		resp.Info, err = s.target.InfoJSON()
-	case "vcpus":
-		if d, ok := s.target.(Debugger); ok {
-			resp.Result, err = d.VCPUsJSON()
-		} else {
-			err = errors.New("vcpus: not supported by this VMM")
-		}
 	case "snapshot", "rollback":
 		sn, ok := s.target.(Snapshotter)
 		switch {
@@ -279,15 +266,6 @@ func (c *Client) Info(v any) error {
 }
 
 // Snapshot asks for a snapshot into dir and returns its figures.
-// VCPUs reads the vCPUs' execution state (op "vcpus") into v.
-func (c *Client) VCPUs(v any) error {
-	r, err := c.Do("vcpus")
-	if err != nil {
-		return err
-	}
-	return json.Unmarshal(r.Result, v)
-}
-
 func (c *Client) Snapshot(dir string, incremental bool) (json.RawMessage, error) {
 	resp, err := c.DoRequest(Request{Op: "snapshot", Dir: dir, Incremental: incremental})
 	return resp.Result, err

@@ -407,12 +407,6 @@ func (m *Machine) swapMemory(l *memLayers) (restore, drop func(), err error) {
 			}
 			unmapRaw(mv.aside, mv.size)
 		}
-		if err := m.reloadSlotsLocked(); err != nil {
-			m.log.WithError(err).Error("rollback: cannot re-register guest memory with KVM")
-		}
-		// Re-registering dropped KVM's dirty log: the pages written since
-		// the parent are no longer known, so only a full snapshot is safe.
-		m.snap.parent = ""
 	}
 	drop = func() {
 		for i, mv := range ms {
@@ -446,40 +440,7 @@ func (m *Machine) swapMemory(l *memLayers) (restore, drop func(), err error) {
 		}
 		fileOff += int64(r.Size)
 	}
-	if err := m.reloadSlotsLocked(); err != nil {
-		restore()
-		return nil, nil, err
-	}
 	return restore, drop, nil
-}
-
-// reloadSlotsLocked deletes and re-adds every RAM memslot (same host
-// addresses, dirty logging as before). Ordering: after the memory behind
-// the slots was replaced and before the vCPUs run again. The MMU notifier
-// already drops KVM's translations of the moved pages, but state keyed by
-// the memslot generation survives it: cached MMIO and gfn→hva
-// translations, the kvmclock, steal-time and async-PF caches, and any
-// shadow or nested-paging root built over the old pages. A rollback
-// replaces the whole guest under the vCPUs, as a new VM would; deleting
-// the slots makes KVM drop all of it and bump the generation, the way
-// QEMU re-registers RAM it remapped. (The slots' dirty bitmaps go with
-// them; a rollback clears the dirty record anyway.)
-func (m *Machine) reloadSlotsLocked() error {
-	for i, r := range m.mem.Regions() {
-		if err := m.vm.SetUserMemoryRegion(kvm.UserspaceMemoryRegion{Slot: uint32(i), GuestPhysAddr: r.GPA}); err != nil {
-			return fmt.Errorf("remove memslot %d: %w", i, err)
-		}
-		var flags uint32
-		if m.snap.logging {
-			flags = kvm.MemLogDirtyPages
-		}
-		if err := m.vm.SetUserMemoryRegion(kvm.UserspaceMemoryRegion{
-			Slot: uint32(i), Flags: flags, GuestPhysAddr: r.GPA, MemorySize: r.Size, UserspaceAddr: r.HostAddr(),
-		}); err != nil {
-			return fmt.Errorf("re-add memslot %d: %w", i, err)
-		}
-	}
-	return nil
 }
 
 func unmapRaw(addr uintptr, n int64) {

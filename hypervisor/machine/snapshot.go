@@ -402,21 +402,11 @@ func (m *Machine) readableMSRs() ([]uint32, error) {
 }
 
 // captureVCPU saves one vCPU: MP_STATE first (it may flush pending APIC
-// events into the other state), then VCPU_EVENTS, then the registers.
-// Ordering: without KVM_CAP_EXCEPTION_PAYLOAD, KVM_GET_VCPU_EVENTS delivers
-// the payload of an exception in flight (a #PF's address into CR2, a #DB's
-// into DR6) before it reports the exception, so SREGS and DEBUGREGS read
-// before it would pair the #PF with a stale CR2: the restored guest's fault
-// handler would see another address than the one that faulted. (An
-// exception in flight at a pause is common right after a rollback: its
-// delivery hits pages KVM has not mapped yet.)
+// events into the other state), VCPU_EVENTS last.
 func (m *Machine) captureVCPU(c *kvm.VCPU) (VCPUState, error) {
 	v := VCPUState{ID: c.ID()}
 	var err error
 	if v.MPState, err = c.GetMPState(); err != nil {
-		return v, err
-	}
-	if v.Events, err = c.GetVCPUEvents(); err != nil {
 		return v, err
 	}
 	if v.Regs, err = c.GetRegs(); err != nil {
@@ -453,6 +443,9 @@ func (m *Machine) captureVCPU(c *kvm.VCPU) (VCPUState, error) {
 	}
 	if khz, err := c.GetTSCKHz(); err == nil {
 		v.TSCKHz = khz
+	}
+	if v.Events, err = c.GetVCPUEvents(); err != nil {
+		return v, err
 	}
 	return v, nil
 }

@@ -442,16 +442,3 @@ func benchMachine(b *testing.B, memMiB int) *Machine {
 	waitCounter(b, m, 1000)
 	return m
 }
-
-// TestDebugVCPUs: the diagnostic read parks and resumes a running guest, which keeps counting.
-func TestDebugVCPUs(t *testing.T) {
-	m := startCounter(t)
-	d, err := m.DebugVCPUs()
-	if err != nil || len(d) != 1 || d[0].RIP == "" {
-		t.Fatalf("DebugVCPUs = %+v, %v", d, err)
-	}
-	if m.State() != Running {
-		t.Fatalf("machine %v after DebugVCPUs, want running", m.State())
-	}
-	waitCounter(t, m, counter(t, m))
-}

@@ -206,7 +206,12 @@ func (v *VCPU) loop() Result {
 		v.mu.Lock()
 		for v.want == Paused {
 			if v.state != Paused {
-				v.completePendingIO()
+				// Finish a pending I/O exit (KVM copies IN data to RAX and
+				// advances RIP only on the next KVM_RUN) without entering
+				// the guest, so a paused vCPU's saved state is complete.
+				v.CPU.SetImmediateExit(true)
+				_ = v.CPU.Run()
+				v.CPU.SetImmediateExit(false)
 				v.state = Paused
 				v.cond.Broadcast()
 			}
@@ -236,34 +241,6 @@ func (v *VCPU) loop() Result {
 		}
 	}
 }
-
-// completePendingIO finishes an I/O exit in progress without entering the
-// guest, so a paused vCPU's saved state is complete: KVM copies IN data to
-// RAX and advances RIP only on the next KVM_RUN, which with immediate_exit
-// set completes the access and returns EINTR. An access KVM splits into
-// fragments (MMIO wider than 8 bytes or crossing a page, string PIO) can
-// need more than one exit; each is serviced here until KVM_RUN returns
-// EINTR, or the saved registers would be mid-instruction and the rest of
-// the access lost (a restore re-executes the instruction from the start).
-func (v *VCPU) completePendingIO() {
-	v.CPU.SetImmediateExit(true)
-	defer v.CPU.SetImmediateExit(false)
-	for range maxPendingFragments {
-		if err := v.CPU.Run(); err != nil {
-			return // EINTR: nothing (more) pending
-		}
-		switch v.CPU.RunData().ExitReason() {
-		case kvm.ExitIO, kvm.ExitMMIO:
-			v.handleExit()
-		default:
-			return
-		}
-	}
-}
-
-// maxPendingFragments bounds completePendingIO (a 4 KiB string PIO is 4096
-// one-byte exits at most; KVM batches them per page).
-const maxPendingFragments = 4096
 
 // handleExit services one exit; done reports that the thread must end.
 func (v *VCPU) handleExit() (Result, bool) {

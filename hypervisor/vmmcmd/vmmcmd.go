@@ -311,13 +311,6 @@ type target struct{ m *machine.Machine }
 func (t target) Pause() error  { return t.m.Pause() }
 func (t target) Resume() error { return t.m.Resume() }
 func (t target) Stop()         { t.m.Stop() }
-func (t target) VCPUsJSON() (json.RawMessage, error) {
-	d, err := t.m.DebugVCPUs()
-	if err != nil {
-		return nil, err
-	}
-	return json.Marshal(d)
-}
 func (t target) InfoJSON() (json.RawMessage, error) {
 	return json.Marshal(t.m.Info())
 }

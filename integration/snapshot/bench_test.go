@@ -4,18 +4,15 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -46,7 +43,6 @@ while read cmd n tag; do
   case "$cmd" in
   dirty) r=$(/bin/busybox dd if=/mem/rand of=/mem/dirty bs=1M count=$n conv=notrunc 2>&1 | /bin/busybox tail -1); echo "DIRTY-DONE $tag $r; rand $(/bin/busybox wc -c </mem/rand) bytes";;
   ping) echo "PONG $n";;
-  hyp) echo "HYP-DONE $n $(/bin/busybox grep HYP: /proc/interrupts)";;
   esac
 done
 /bin/busybox sleep 1000000
@@ -135,210 +131,14 @@ func (p *proc) waitLine(tb testing.TB, prefix string, timeout time.Duration) str
 		p.mu.Unlock()
 		select {
 		case <-p.done:
-			tb.Fatalf("%s exited (%v) before %q:\n%s\nkernel log:\n%s", p.cmd.Path, p.cmd.ProcessState, prefix, p.tail(), kernelLog())
+			tb.Fatalf("%s exited before %q:\n%s", p.cmd.Path, prefix, p.tail())
 		default:
 		}
-		if procState(p.cmd.Process.Pid) == "Z" {
-			// Its main thread exited but another is stuck in the kernel: the pipes stay open, done never comes.
-			// Cleanup could not reap it either: report and end the run.
-			fmt.Printf("\n=== %s is a zombie before %q:\n%s\nthreads:\n%s\nkernel log:\n%s\n", p.cmd.Path, prefix, p.tail(),
-				threadStacks(p.cmd.Process.Pid), kernelLog())
-			os.Exit(1)
-		}
 		if time.Now().After(deadline) {
-			tb.Fatalf("no %q from %s in %v:\n%s\nmemory: %s\nthreads:\n%s\nkernel log:\n%s", prefix, p.cmd.Path, timeout, p.tail(),
-				memoryUse(p.cmd.Process.Pid), threadStacks(p.cmd.Process.Pid), kernelLog())
+			tb.Fatalf("no %q from %s in %v:\n%s", prefix, p.cmd.Path, timeout, p.tail())
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-}
-
-// memoryUse says how much memory the test host has left and what the process pid holds: resident memory by
-// kind, mappings and open files (the things a rollback → snapshot cycle could leak).
-func memoryUse(pid int) string {
-	var out []string
-	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
-		for _, l := range strings.Split(string(b), "\n") {
-			for _, k := range []string{"MemAvailable:", "Shmem:", "AnonPages:"} {
-				if strings.HasPrefix(l, k) {
-					out = append(out, strings.Join(strings.Fields(l), " "))
-				}
-			}
-		}
-	}
-	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
-		for _, l := range strings.Split(string(b), "\n") {
-			for _, k := range []string{"VmRSS:", "RssAnon:", "RssFile:", "RssShmem:", "Threads:"} {
-				if strings.HasPrefix(l, k) {
-					out = append(out, "vmm "+strings.Join(strings.Fields(l), " "))
-				}
-			}
-		}
-	}
-	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid)); err == nil {
-		out = append(out, fmt.Sprintf("vmm mappings: %d", bytes.Count(b, []byte("\n"))))
-	}
-	if e, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid)); err == nil {
-		out = append(out, fmt.Sprintf("vmm fds: %d", len(e)))
-	}
-	return strings.Join(out, ", ")
-}
-
-// monitor prints, when the benchmark has made no progress for a while, where it is stuck: its own goroutines
-// and every VMM thread's state and kernel stack. It runs beside the benchmark because a VMM thread stuck in
-// the kernel can block the benchmark's own diagnostics (and every read is bounded for the same reason).
-type monitor struct {
-	step  atomic.Value // string: what the benchmark is doing
-	moved atomic.Int64 // unix nanoseconds of the last step
-	pid   atomic.Int64 // the VMM of the step
-}
-
-func startMonitor(tb testing.TB) *monitor {
-	m := &monitor{}
-	m.set("start", 0)
-	stop := make(chan struct{})
-	tb.Cleanup(func() { close(stop) })
-	go func() {
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(30 * time.Second):
-			}
-			idle := time.Since(time.Unix(0, m.moved.Load()))
-			if idle < 90*time.Second {
-				continue
-			}
-			buf := make([]byte, 1<<20)
-			buf = buf[:runtime.Stack(buf, true)]
-			pid := int(m.pid.Load())
-			fmt.Printf("\n=== monitor: no progress for %v in %q; VMM pid %d state %q\n%s\n=== benchmark goroutines:\n%s\n=== kernel log:\n%s\n",
-				idle.Round(time.Second), m.step.Load(), pid, bounded(func() string { return procState(pid) }),
-				bounded(func() string { return threadStacks(pid) }), buf, bounded(kernelLog))
-			m.moved.Store(time.Now().UnixNano()) // next report in 90 s
-		}
-	}()
-	return m
-}
-
-func (m *monitor) set(step string, pid int) {
-	m.step.Store(step)
-	m.pid.Store(int64(pid))
-	m.moved.Store(time.Now().UnixNano())
-}
-
-// bounded runs f for at most 10 s (a /proc read of a process stuck in the kernel may block).
-func bounded(f func() string) string {
-	c := make(chan string, 1)
-	go func() { c <- f() }()
-	select {
-	case s := <-c:
-		return s
-	case <-time.After(10 * time.Second):
-		return "(blocked for 10 s)"
-	}
-}
-
-// threadStacks describes where each thread of pid is: its state, kernel wait channel and kernel stack (root
-// only), and the process's state: the evidence when a VMM stops answering or exits half-way.
-func threadStacks(pid int) string {
-	var b strings.Builder
-	if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
-		for _, l := range strings.Split(string(st), "\n") {
-			if strings.HasPrefix(l, "State:") || strings.HasPrefix(l, "Threads:") || strings.HasPrefix(l, "SigPnd") ||
-				strings.HasPrefix(l, "ShdPnd") || strings.HasPrefix(l, "VmRSS") {
-				fmt.Fprintf(&b, "%s\n", l)
-			}
-		}
-	} else {
-		fmt.Fprintf(&b, "(status: %v)\n", err)
-	}
-	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	for _, t := range tasks {
-		stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, t.Name()))
-		wchan, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/wchan", pid, t.Name()))
-		stack, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stack", pid, t.Name()))
-		f := strings.Fields(string(stat))
-		state := "?"
-		if len(f) > 2 {
-			state = f[2]
-		}
-		fmt.Fprintf(&b, "thread %s state %s wchan %s\n%s", t.Name(), state, wchan, stack)
-	}
-	return b.String()
-}
-
-// watch runs f; if it has not returned after limit, it prints (to stdout, at once: a stuck benchmark's log
-// would never be flushed) what the VMM process is doing, and fails.
-func (p *proc) watch(tb testing.TB, what string, limit time.Duration, f func()) {
-	tb.Helper()
-	done := make(chan struct{})
-	go func() {
-		select {
-		case <-done:
-		case <-time.After(limit):
-			fmt.Printf("\n=== %s: no answer after %v; VMM pid %d (exited: %v)\n%s\nconsole and stderr:\n%s\nmemory: %s\nkernel log:\n%s\n",
-				what, limit, p.cmd.Process.Pid, p.exited(), bounded(func() string { return threadStacks(p.cmd.Process.Pid) }), p.tail(),
-				bounded(func() string { return memoryUse(p.cmd.Process.Pid) }), bounded(kernelLog))
-			// f may never return (a VMM thread stuck in the kernel keeps its sockets open): end the run here.
-			syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-			os.Exit(1)
-		}
-	}()
-	f()
-	close(done)
-}
-
-// procState is the one-letter state of pid ("" if unknown).
-func procState(pid int) string {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return ""
-	}
-	if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) {
-		return string(b[i+2])
-	}
-	return ""
-}
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// kernelLog returns the test host kernel's messages that say why a process died (OOM killer, segfaults).
-func kernelLog() string {
-	// Raw syscalls: an os.File would hand the non-blocking descriptor to the Go poller, whose Read waits for
-	// the next record instead of returning EAGAIN at the end of the log.
-	fd, err := syscall.Open("/dev/kmsg", syscall.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return fmt.Sprintf("(kernel log: %v)", err)
-	}
-	defer syscall.Close(fd)
-	var out []string
-	buf := make([]byte, 8192)
-	for {
-		n, err := syscall.Read(fd, buf)
-		if errors.Is(err, syscall.EPIPE) {
-			continue // records were overwritten while reading
-		}
-		if err != nil || n <= 0 {
-			break
-		}
-		l := string(buf[:n])
-		if i := strings.IndexByte(l, ';'); i >= 0 {
-			l = l[i+1:]
-		}
-		if strings.Contains(l, "oom") || strings.Contains(l, "Out of memory") || strings.Contains(l, "Killed process") ||
-			strings.Contains(l, "segfault") || strings.Contains(l, "kvm") || strings.Contains(l, "Mem-Info") {
-			out = append(out, strings.TrimSpace(l))
-		}
-	}
-	return lastN(strings.Join(out, "\n"), 4000)
 }
 
 func (p *proc) wait(tb testing.TB, timeout time.Duration) {
@@ -381,7 +181,7 @@ func bootCube(tb testing.TB, dir string, memMiB, randMiB int) *cubeVM {
 	tb.Helper()
 	sock := filepath.Join(dir, "cube-ctl.sock")
 	p := startProc(tb, cubeVMM, "-kernel", guestKernel, "-initrd", benchInitrd, "-memory", fmt.Sprint(memMiB), "-vcpus", "1",
-		"-cmdline", fmt.Sprintf("%s bench.rand=%d", benchCmdline, randMiB), "-console-input", "stdin", "-control", sock, "-log-level", "info")
+		"-cmdline", fmt.Sprintf("%s bench.rand=%d", benchCmdline, randMiB), "-console-input", "stdin", "-control", sock)
 	tb.Logf("cube-vmm %d MiB guest: %s", memMiB, p.waitLine(tb, "BENCH-READY", 5*time.Minute))
 	return &cubeVM{p: p, ctl: dialControl(tb, p, sock, time.Minute)}
 }
@@ -402,12 +202,10 @@ type snapResult struct {
 func (v *cubeVM) snapshot(tb testing.TB, dir string, incremental bool) (time.Duration, snapResult) {
 	tb.Helper()
 	t0 := time.Now()
-	var raw json.RawMessage
-	var err error
-	v.p.watch(tb, "snapshot "+dir, 3*time.Minute, func() { raw, err = v.ctl.Snapshot(dir, incremental) })
+	raw, err := v.ctl.Snapshot(dir, incremental)
 	d := time.Since(t0)
 	if err != nil {
-		tb.Fatalf("snapshot: %v\n%s\nmemory: %s\nkernel log:\n%s", err, v.p.tail(), memoryUse(v.p.cmd.Process.Pid), kernelLog())
+		tb.Fatalf("snapshot: %v\n%s", err, v.p.tail())
 	}
 	var r snapResult
 	json.Unmarshal(raw, &r)
@@ -417,12 +215,10 @@ func (v *cubeVM) snapshot(tb testing.TB, dir string, incremental bool) (time.Dur
 func (v *cubeVM) rollback(tb testing.TB, dir string) (time.Duration, snapResult) {
 	tb.Helper()
 	t0 := time.Now()
-	var raw json.RawMessage
-	var err error
-	v.p.watch(tb, "rollback to "+dir, 3*time.Minute, func() { raw, err = v.ctl.Rollback(dir) })
+	raw, err := v.ctl.Rollback(dir)
 	d := time.Since(t0)
 	if err != nil {
-		tb.Fatalf("rollback: %v\n%s\nmemory: %s\nkernel log:\n%s", err, v.p.tail(), memoryUse(v.p.cmd.Process.Pid), kernelLog())
+		tb.Fatalf("rollback: %v\n%s", err, v.p.tail())
 	}
 	var r snapResult
 	json.Unmarshal(raw, &r)
@@ -752,17 +548,13 @@ func BenchmarkVsQEMU(b *testing.B) {
 // in a 1 GiB guest (and 16 MiB in a 128 MiB guest); then restore latency of a 128 MiB and a 1 GiB guest.
 func BenchmarkSnapshotDirty(b *testing.B) {
 	dir := benchDir(b)
-	mon := startMonitor(b)
 	for b.Loop() {
 		restores := map[int]series{}
 		dirty := map[int]map[int]series{}
 		written := map[int]map[int]int64{128: {}, 1024: {}}
 		for _, g := range []struct{ mem, rand int }{{128, 32}, {1024, 256}} {
-			mon.set(fmt.Sprintf("boot %d MiB", g.mem), 0)
 			v := bootCube(b, dir, g.mem, g.rand)
-			pid := v.p.cmd.Process.Pid
 			parent := filepath.Join(dir, fmt.Sprintf("full-%d", g.mem))
-			mon.set("full snapshot", pid)
 			v.snapshot(b, parent, false)
 			dirty[g.mem] = map[int]series{}
 			sizes := []int{1, 16, 64, 256}
@@ -773,42 +565,21 @@ func BenchmarkSnapshotDirty(b *testing.B) {
 			for _, n := range sizes {
 				for range benchRuns {
 					// Back to the parent (memory equal to it again), dirty n MiB, incremental snapshot over it.
-					// A fresh full snapshot as the parent (untimed; its dirty record starts empty), then n MiB
-					// dirtied, then the timed incremental snapshot over it. (Rolling back to one parent each
-					// cycle would do too, but an in-place rollback of memory that is itself mapped from the
-					// snapshot sometimes leaves the guest dead: docs/snapshot.md, "no valid figures yet".)
-					base := filepath.Join(dir, "base")
-					mon.set(fmt.Sprintf("full snapshot before cycle %d", tag+1), pid)
-					v.snapshot(b, base, false)
+					v.rollback(b, parent)
 					tag++
-					mon.set(fmt.Sprintf("dirty %d MiB, cycle %d", n, tag), pid)
 					fmt.Fprintf(v.p.stdin, "dirty %d t%d\n", n, tag)
 					if line := v.p.waitLine(b, fmt.Sprintf("DIRTY-DONE t%d ", tag), 5*time.Minute); n == 256 && tag%benchRuns == 0 {
 						b.Logf("guest: %s", line)
 					}
 					inc := filepath.Join(dir, "inc")
-					mon.set(fmt.Sprintf("incremental snapshot, cycle %d", tag), pid)
 					d, r := v.snapshot(b, inc, true)
 					dirty[g.mem][n] = append(dirty[g.mem][n], d)
 					written[g.mem][n] = r.MemoryBytes
-					// Each figure as it comes: a run that dies half-way (the test host's kernel) keeps them.
-					fmt.Printf("cycle %d: %d MiB guest, %d MiB dirtied: incremental snapshot %v (frozen %.1f ms), %.1f MiB written\n",
-						tag, g.mem, n, d.Round(10*time.Microsecond), r.FrozenMS, float64(r.MemoryBytes)/(1<<20))
 					os.RemoveAll(inc)
-					os.RemoveAll(base)
-					if tag%5 == 0 {
-						// Where the host's memory goes, cycle by cycle: a rollback → dirty → snapshot cycle
-						// must not leave anything behind.
-						fmt.Fprintf(v.p.stdin, "hyp t%d\n", tag)
-						hyp := v.p.waitLine(b, fmt.Sprintf("HYP-DONE t%d", tag), 5*time.Minute)
-						b.Logf("%d MiB guest, cycle %d (%d MiB dirtied): %s; %s", g.mem, tag, n, bounded(func() string { return memoryUse(pid) }), hyp)
-					}
 				}
 			}
-			mon.set(fmt.Sprintf("stop %d MiB", g.mem), pid)
 			v.stop(b)
-			for i := range benchRuns {
-				mon.set(fmt.Sprintf("restore %d of the %d MiB guest", i+1, g.mem), 0)
+			for range benchRuns {
 				restores[g.mem] = append(restores[g.mem], restoreCube(b, dir, parent))
 			}
 			os.RemoveAll(parent)

@@ -95,7 +95,7 @@ func (s *sandbox) connect(timeout time.Duration) time.Duration {
 		}
 		cancel()
 		if time.Now().After(deadline) {
-			s.t.Fatalf("agent never answered: %v\n%s", err, s.diagnose())
+			s.t.Fatalf("agent never answered: %v\nconsole:\n%s\nstderr:\n%s", err, s.vmm.ConsoleTail(), s.vmm.Stderr())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -198,13 +198,6 @@ func (s *sandbox) diagnose() string {
 		var info json.RawMessage
 		err := s.ctl.Info(&info)
 		fmt.Fprintf(&b, "vmm info: %s %v\n", info, err)
-		// Twice, a few seconds apart: whether the vCPU moves, halts for good, or has a vector stuck in service.
-		for i := 0; i < 2; i++ {
-			var v json.RawMessage
-			err := s.ctl.VCPUs(&v)
-			fmt.Fprintf(&b, "vcpus: %s %v\n", v, err)
-			time.Sleep(3 * time.Second)
-		}
 	}
 	if st, ok := s.vmm.Exited(); ok {
 		fmt.Fprintf(&b, "cube-vmm exited with status %d\n", st)
@@ -255,7 +248,7 @@ func (s *sandbox) health() *protocol.HealthResponse {
 	s.t.Helper()
 	h, err := s.client.Health(ctx(s.t), &protocol.HealthRequest{})
 	if err != nil {
-		s.t.Fatalf("health: %v\n%s", err, s.diagnose())
+		s.t.Fatalf("health: %v", err)
 	}
 	return h
 }
@@ -312,24 +305,9 @@ func (s *sandbox) afterRestore(what string, before *protocol.HealthResponse) {
 	if h2.RngReseeds != h.RngReseeds+1 {
 		s.t.Errorf("%s: rng_reseeds %d after ReseedRandom, was %d", what, h2.RngReseeds, h.RngReseeds)
 	}
-	s.t.Logf("%s: agent noticed the transport reset (resets %d→%d, own reseeds %d→%d); guest clock was %v behind, stepped; %s",
+	s.t.Logf("%s: agent noticed the transport reset (resets %d→%d, own reseeds %d→%d); guest clock was %v behind, stepped",
 		what, before.TransportResets, h.TransportResets, before.RngReseeds, h.RngReseeds,
-		set.Sub(time.Unix(0, stale.NowUnixNano)).Round(time.Millisecond), s.asyncPF())
-}
-
-// asyncPF reports the guest's async page fault interrupts (the HYP row of /proc/interrupts: KVM's "page
-// ready" notifications), for the log: cube-vmm hides the feature, so they must stay at zero.
-func (s *sandbox) asyncPF() string {
-	r, err := s.client.ReadFile(ctx(s.t), &protocol.ReadFileRequest{Path: "/proc/interrupts"})
-	if err != nil {
-		return fmt.Sprintf("(/proc/interrupts: %v)", err)
-	}
-	for _, l := range strings.Split(string(r.Data), "\n") {
-		if f := strings.Fields(l); len(f) > 1 && f[0] == "HYP:" {
-			return "guest " + strings.Join(f, " ")
-		}
-	}
-	return "guest has no HYP interrupts row"
+		set.Sub(time.Unix(0, stale.NowUnixNano)).Round(time.Millisecond))
 }
 
 func (s *sandbox) controlOp(op string, f func() (json.RawMessage, error)) {
