@@ -260,9 +260,15 @@ func (d *Device) Resume() {
 	defer d.mu.Unlock()
 	d.paused = false
 	if d.env != nil {
+		// Ordering: a pending transport reset (restore, rollback) goes to
+		// the guest before any packet. A host connect accepted after
+		// TransportReset but before this Resume is queued as an OP_REQUEST;
+		// sent first, the guest could accept it and then reset it with
+		// every other connection when it handles the event, so the new
+		// connection would die and the agent count a second reset.
+		d.deliverEventLocked()
 		d.processTxLocked()
 		d.processRxLocked()
-		d.deliverEventLocked()
 	}
 }
 

@@ -596,6 +596,47 @@ func TestSnapshotRestoreFlow(t *testing.T) {
 	}
 }
 
+// TestResetEventBeforeQueuedConnect: a host connect that arrives after the
+// transport reset but before the transports resume (the restore window) must
+// reach the guest after the reset event, or the guest's handling of the event
+// would reset the new connection too.
+func TestResetEventBeforeQueuedConnect(t *testing.T) {
+	g := newGuest(t)
+	for len(g.d.Interrupts()) > 0 {
+		<-g.d.Interrupts()
+	}
+	g.d.Tr.Pause()
+	g.dev.TransportReset()
+	c, err := net.Dial("unix", g.uds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "CONNECT 63\n")
+	// Let the handshake goroutine queue the request (paused: nothing reaches the guest).
+	deadline := time.Now().Add(wait)
+	for g.dev.State().NextPort == 1<<30 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	g.noPacket()
+	g.d.Tr.Resume()
+	var order []uint32
+	for len(order) < 2 {
+		select {
+		case v := <-g.d.Interrupts():
+			order = append(order, v)
+		case <-time.After(wait):
+			t.Fatalf("interrupts after resume: %v", order)
+		}
+	}
+	if want := []uint32{virtiotest.VectorData(vsock.EventQueue), virtiotest.VectorData(vsock.RxQueue)}; order[0] != want[0] || order[1] != want[1] {
+		t.Fatalf("interrupts after resume %#x, want the event queue's first %#x", order, want)
+	}
+	if h, _ := g.recvOp(); h.Op != vsock.OpRequest || h.DstPort != 63 {
+		t.Fatalf("got %+v", h)
+	}
+}
+
 func TestBytesAfterConnectLineAreKept(t *testing.T) {
 	g := newGuest(t)
 	c, err := net.Dial("unix", g.uds)
