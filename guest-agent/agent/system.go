@@ -302,15 +302,19 @@ func (s *Service) NoteTransportReset() {
 		binary.NativeEndian.PutUint64(seed, uint64(time.Now().UnixNano()))
 		credit := false
 		if f, err := os.Open(s.cfg.HWRNG); err == nil {
-			done := make(chan struct{})
+			// The read goes into its own buffer: after a timeout it may
+			// still complete, and must not race with the reseed below.
+			hw := make([]byte, len(seed)-8)
+			done := make(chan bool, 1)
 			go func() {
-				defer close(done)
-				if _, err := io.ReadFull(f, seed[8:]); err == nil {
-					credit = true
-				}
+				_, err := io.ReadFull(f, hw)
+				done <- err == nil
 			}()
 			select {
-			case <-done:
+			case credit = <-done:
+				if credit {
+					copy(seed[8:], hw)
+				}
 			case <-time.After(2 * time.Second):
 				s.log.Warn("hwrng read timed out; reseeding from timing only")
 			}
