@@ -67,6 +67,11 @@ func runSelf(o Options) int {
 				"cube-testhost: RERUN: the test host's kernel failed, not a test: running the same tests again in a fresh test host (attempt %d of %d)\n",
 				re.Reason, re.Result.ConsoleTail(40), attempt+1, maxAttempts)
 			flaky = append(flaky, fmt.Sprintf("attempt %d: test host kernel failure", attempt))
+			// What passed before the failure need not run again: less nested work, less exposure.
+			if passed := passedTests(re.Result.Output); len(passed) > 0 {
+				args = withSkip(args, passed)
+				fmt.Fprintf(os.Stderr, "cube-testhost: passed before the failure, not run again: %s\n", strings.Join(passed, ", "))
+			}
 			continue
 		case err != nil:
 			if errors.Is(err, ErrNoQEMU) {
@@ -116,6 +121,45 @@ func failedTests(out []byte) []string {
 		names = append(names, name)
 	}
 	return names
+}
+
+// passedTests returns the top-level tests that go test's verbose output reports as passed.
+func passedTests(out []byte) []string {
+	var names []string
+	for _, line := range strings.Split(string(out), "\n") {
+		if rest, ok := strings.CutPrefix(line, "--- PASS: "); ok {
+			if name, _, _ := strings.Cut(rest, " "); name != "" && !strings.Contains(name, "/") {
+				names = append(names, name)
+			}
+		}
+	}
+	return names
+}
+
+// withSkip adds -test.skip for exactly the named top-level tests, merged with an earlier one of ours; a
+// caller's own -test.skip is left alone (and nothing is added to it).
+func withSkip(args, tests []string) []string {
+	const ours = "-test.skip=^("
+	var out []string
+	for i := 0; i < len(args); i++ {
+		name, _, _ := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
+		if name == "test.skip" || name == "skip" {
+			if !strings.HasPrefix(args[i], ours) {
+				return args
+			}
+			prev := strings.TrimSuffix(strings.TrimPrefix(args[i], ours), ")$")
+			for _, t := range strings.Split(prev, "|") {
+				tests = append(tests, strings.ReplaceAll(t, `\`, ""))
+			}
+			continue
+		}
+		out = append(out, args[i])
+	}
+	quoted := make([]string, len(tests))
+	for i, t := range tests {
+		quoted[i] = regexp.QuoteMeta(t)
+	}
+	return append(out, ours+strings.Join(quoted, "|")+")$")
 }
 
 // allTests says whether every name is a Test function: -test.run cannot select benchmarks, examples or

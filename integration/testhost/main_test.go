@@ -68,3 +68,28 @@ func TestAllTests(t *testing.T) {
 		t.Fatal("allTests must accept only Test functions")
 	}
 }
+
+func TestPassedTestsAndWithSkip(t *testing.T) {
+	out := []byte("--- PASS: TestA (1s)\n    --- PASS: TestB/sub (1s)\n--- FAIL: TestC (1s)\n--- PASS: TestD (2s)\n")
+	passed := passedTests(out)
+	if want := []string{"TestA", "TestD"}; !reflect.DeepEqual(passed, want) {
+		t.Fatalf("passedTests = %v, want %v", passed, want)
+	}
+	args := withSkip([]string{"-test.v=true"}, passed)
+	if want := []string{"-test.v=true", "-test.skip=^(TestA|TestD)$"}; !reflect.DeepEqual(args, want) {
+		t.Fatalf("withSkip = %v, want %v", args, want)
+	}
+	// A second failure adds to our own skip list.
+	args = withSkip(args, []string{"TestE"})
+	if want := []string{"-test.v=true", "-test.skip=^(TestE|TestA|TestD)$"}; !reflect.DeepEqual(args, want) {
+		t.Fatalf("withSkip again = %v, want %v", args, want)
+	}
+	re := regexp.MustCompile(args[1][len("-test.skip="):])
+	if !re.MatchString("TestA") || re.MatchString("TestAB") || re.MatchString("TestC") {
+		t.Fatalf("skip pattern %s is wrong", re)
+	}
+	// The caller's own -test.skip is not touched.
+	if got := withSkip([]string{"-test.skip=Slow"}, passed); !reflect.DeepEqual(got, []string{"-test.skip=Slow"}) {
+		t.Fatalf("withSkip with the caller's skip = %v", got)
+	}
+}
