@@ -55,12 +55,12 @@ test-full: vet
 
 # Test host tier: each package boots one QEMU test host; -p 1 so two test hosts never share the 2 cores.
 e2e: deps
-	$(GO) test -count=1 -p 1 -timeout 30m -v -run '$(RUN)' $(E2E_PKGS)
+	$(GO) test -count=1 -p 1 -timeout 60m -v -run '$(RUN)' $(E2E_PKGS)
 
 # The e2e tier runs first, on a machine nothing else has touched yet (under QEMU 7.2, nested guests froze test
 # hosts more often after the root tier had run; kept as a cheap precaution).
 test: deps vet
-	$(GO) test -count=1 -p 1 -timeout 30m -v $(E2E_PKGS)
+	$(GO) test -count=1 -p 1 -timeout 60m -v $(E2E_PKGS)
 	$(GO) test -count=1 -p 1 $(NON_E2E_PKGS)
 
 bench: deps

@@ -1,0 +1,64 @@
+package shim
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestCtrVMMKilled: kill -9 of a containerd-started cube-vmm ends its task (STOPPED, exit 137 in `ctr task
+// rm`, 137 from a foreground `ctr run`) and leaves no sandbox state. It is the package's last test (this
+// file sorts last) and a top-level one of its own: it is the scenario most often followed by a test-host
+// kernel failure, and the test host's rerun then repeats only it.
+func TestCtrVMMKilled(t *testing.T) {
+	d := startDaemons(t)
+	// kill -9 of a VMM whose vCPUs are inside KVM_RUN, followed at once by the boot of another nested guest,
+	// crashed the TCG test host's kernel (a kernel stack overflow in a KVM_RUN ioctl) or the next guest in
+	// about half the runs: the emulation of nested AMD-V, README "Known problems". So by default the VM is
+	// paused first (`ctr task pause`: its vCPUs leave KVM_RUN) and then its VMM killed — what the shim and
+	// containerd must do is the same. That made the crash rarer, not gone. TestVMMKilled kills a running VMM
+	// in every run; CUBE_E2E_VMM_KILL=running kills a running one here too.
+	killRunning := os.Getenv("CUBE_E2E_VMM_KILL") == "running"
+	kill := func(id string, pid int) {
+		t.Helper()
+		if !killRunning {
+			if out, rc, err := d.ctr("task", "pause", id); err != nil || rc != 0 {
+				t.Fatalf("ctr task pause %s: rc %d %v\n%s", id, rc, err, out)
+			}
+			d.waitStatus(t, id, "PAUSED", 10*time.Second)
+		}
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatalf("kill -9 %d (cube-vmm of %s): %v", pid, id, err)
+		}
+	}
+	// cube only: runc has no VMM. The task's pid in containerd is the VMM's host pid.
+	id := "cube-vmmkill"
+	tk := d.runDetached(t, cubeRuntime, id, "sleep", "1000")
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", tk.pid))
+	if err != nil || !bytes.Contains(cmdline, []byte("cube-vmm")) {
+		t.Fatalf("task pid %d is not cube-vmm: %q %v", tk.pid, cmdline, err)
+	}
+	kill(id, tk.pid)
+	d.waitStatus(t, id, "STOPPED", time.Minute)
+	// `ctr task rm` reports the exit status (as a warning; it exits 0): a crashed VM ends its processes
+	// as if SIGKILLed.
+	out, rc, err := d.ctr("task", "rm", id)
+	if err != nil || rc != 0 || !strings.Contains(out, "exit code 137") {
+		t.Errorf("ctr task rm after the VMM was killed: rc %d %v, want 0 and exit code 137 reported", rc, err)
+	}
+	// A foreground `ctr run` returns non-zero when its VMM dies.
+	id = "cube-vmmkill-fg"
+	r := d.ctrBG(t, append(append([]string{"run", "--rm"}, cubeRuntime.args...), imageRef, id, "sleep", "1000")...)
+	tk = d.waitStatus(t, id, "RUNNING", time.Minute)
+	kill(id, tk.pid)
+	if rc, _ := r.wait(t, time.Minute); rc != 137 {
+		t.Errorf("ctr run whose VMM was killed: rc %d, want 137", rc)
+	}
+	if ents, _ := os.ReadDir(d.dir + "/vms"); len(ents) != 0 {
+		t.Errorf("sandbox state left after the VMM died: %v", ents)
+	}
+}
