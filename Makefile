@@ -180,7 +180,7 @@ test-shim:
 
 # Test host: the task service with the real cube-vmm and agent, and ctr run through containerd 2.4.2.
 e2e-shim: deps
-	$(GO) test -count=1 -v ./integration/shim
+	$(GO) test -count=1 -timeout 60m -v ./integration/shim
 
 # In the test host: `ctr run --rm … true` with io.cube.v1 cold boot, io.cube.v1 template restore and runc,
 # 10 runs each (medians and ratios as a table); then idle-sandbox density in a 1 GiB budget and the
