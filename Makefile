@@ -199,7 +199,7 @@ fuzz-shim:
 .PHONY: e2e-snapshot bench-snapshot fuzz-checkpoint
 # Acceptance test in the test host: worker counter, snapshot, SIGKILL, rollback x3, restore in a new cube-vmm.
 e2e-snapshot:
-	go test -count=1 -v -run TestRollbackAndRestore ./integration/snapshot
+	go test -count=1 -timeout 60m -v -run TestRollbackAndRestore ./integration/snapshot
 # In the test host (nested KVM), beside QEMU: snapshot / rollback / restore latency of a 256 MiB guest, snapshot
 # latency vs dirtied MiB and restore latency vs guest size (each benchmark runs its own 10 iterations and prints
 # tables); then the synthetic-guest benchmarks on this host's /dev/kvm.
