@@ -57,6 +57,17 @@ func dialAgent(t *testing.T, uds string, vmm *vmmrun.Process) protocol.AgentServ
 // truncated and empty.
 const counterScript = "i=0; while :; do i=$((i+1)); echo $i > /count.new; busybox mv -f /count.new /count; sleep 0.1; done"
 
+// readCounter reads counterScript's /count in container id (a `ctr task exec` of cat).
+func (d *daemons) readCounter(t *testing.T, id string) int {
+	t.Helper()
+	out, rc, err := d.ctrQuiet(nil, "task", "exec", "--exec-id", fmt.Sprintf("c%d", time.Now().UnixNano()), id, "cat", "/count")
+	n, perr := strconv.Atoi(strings.TrimSpace(out))
+	if err != nil || rc != 0 || perr != nil {
+		t.Fatalf("%s: read the counter: rc %d %v %v\n%s", id, rc, err, perr, out)
+	}
+	return n
+}
+
 // runtime is one way to run a container through ctr: io.cube.v1 on the cube
 // snapshotter, or runc on overlayfs as the reference for exit codes and signals.
 type runtime struct {
@@ -323,15 +334,7 @@ func TestCtrTasks(t *testing.T) {
 		for _, rt := range rts {
 			id := rt.name + "-pause"
 			d.runDetached(t, rt, id, "sh", "-c", counterScript)
-			count := func() int {
-				t.Helper()
-				out, rc, err := d.ctrQuiet(nil, "task", "exec", "--exec-id", fmt.Sprintf("c%d", time.Now().UnixNano()), id, "cat", "/count")
-				n, perr := strconv.Atoi(strings.TrimSpace(out))
-				if err != nil || rc != 0 || perr != nil {
-					t.Fatalf("%s: read the counter: rc %d %v %v\n%s", rt.name, rc, err, perr, out)
-				}
-				return n
-			}
+			count := func() int { return d.readCounter(t, id) }
 			time.Sleep(time.Second)
 			count()
 			if out, rc, err := d.ctr("task", "pause", id); err != nil || rc != 0 {
@@ -415,15 +418,7 @@ func TestCtrTasks(t *testing.T) {
 		// container's process still counting; --exit then ends the task as runc does.
 		id := "cube-ckpt"
 		d.runDetached(t, cubeRuntime, id, "sh", "-c", counterScript)
-		count := func() int {
-			t.Helper()
-			out, rc, err := d.ctrQuiet(nil, "task", "exec", "--exec-id", fmt.Sprintf("c%d", time.Now().UnixNano()), id, "cat", "/count")
-			n, perr := strconv.Atoi(strings.TrimSpace(out))
-			if err != nil || rc != 0 || perr != nil {
-				t.Fatalf("read the counter: rc %d %v %v\n%s", rc, err, perr, out)
-			}
-			return n
-		}
+		count := func() int { return d.readCounter(t, id) }
 		time.Sleep(time.Second)
 		before := count()
 		img := t.TempDir()

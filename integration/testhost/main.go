@@ -53,7 +53,8 @@ func runSelf(o Options) int {
 	defer stop()
 	begin := time.Now()
 	args := payloadArgs(os.Args[1:])
-	var flaky []string // what failed in an earlier attempt and was run again
+	var flaky []string   // what failed in an earlier attempt and was run again
+	var skipped []string // tests that passed before a kernel failure, not run again
 	for attempt := 1; ; attempt++ {
 		res, err := Run(ctx, o, Payload{Binary: exe, Args: args}, os.Stdout)
 		last := attempt >= maxAttempts || ctx.Err() != nil || time.Since(begin) > rerunBudget
@@ -69,7 +70,8 @@ func runSelf(o Options) int {
 			flaky = append(flaky, fmt.Sprintf("attempt %d: test host kernel failure", attempt))
 			// What passed before the failure need not run again: less nested work, less exposure.
 			if passed := passedTests(re.Result.Output); len(passed) > 0 {
-				args = withSkip(args, passed)
+				skipped = append(passed, skipped...)
+				args = withSkip(args, skipped)
 				fmt.Fprintf(os.Stderr, "cube-testhost: passed before the failure, not run again: %s\n", strings.Join(passed, ", "))
 			}
 			continue
@@ -105,11 +107,17 @@ func runSelf(o Options) int {
 }
 
 // failedTests returns the top-level tests that go test's verbose output reports as failed, in order.
-func failedTests(out []byte) []string {
+func failedTests(out []byte) []string { return topLevel(out, "--- FAIL: ") }
+
+// passedTests returns the top-level tests that go test's verbose output reports as passed.
+func passedTests(out []byte) []string { return topLevel(out, "--- PASS: ") }
+
+// topLevel returns the top-level tests (no subtests) on result lines starting with prefix, in order, once each.
+func topLevel(out []byte, prefix string) []string {
 	var names []string
 	seen := map[string]bool{}
 	for _, line := range strings.Split(string(out), "\n") {
-		rest, ok := strings.CutPrefix(line, "--- FAIL: ")
+		rest, ok := strings.CutPrefix(line, prefix)
 		if !ok {
 			continue
 		}
@@ -123,43 +131,46 @@ func failedTests(out []byte) []string {
 	return names
 }
 
-// passedTests returns the top-level tests that go test's verbose output reports as passed.
-func passedTests(out []byte) []string {
-	var names []string
-	for _, line := range strings.Split(string(out), "\n") {
-		if rest, ok := strings.CutPrefix(line, "--- PASS: "); ok {
-			if name, _, _ := strings.Cut(rest, " "); name != "" && !strings.Contains(name, "/") {
-				names = append(names, name)
-			}
-		}
+// withSkip adds -test.skip for exactly the named top-level tests, replacing an earlier one of ours (the
+// caller passes every test to skip so far); a caller's own -test.skip is left alone (and nothing is added).
+func withSkip(args, tests []string) []string {
+	rest, pattern := dropFlag(args, "skip")
+	if pattern != "" && !strings.HasPrefix(pattern, "^(") {
+		return args
 	}
-	return names
+	return append(rest, "-test.skip="+exactly(tests))
 }
 
-// withSkip adds -test.skip for exactly the named top-level tests, merged with an earlier one of ours; a
-// caller's own -test.skip is left alone (and nothing is added to it).
-func withSkip(args, tests []string) []string {
-	const ours = "-test.skip=^("
-	var out []string
+// withRun replaces any -test.run in args with one selecting exactly the named top-level tests.
+func withRun(args, tests []string) []string {
+	rest, _ := dropFlag(args, "run")
+	return append(rest, "-test.run="+exactly(tests))
+}
+
+// dropFlag removes the test flag name (-test.name=v, -test.name v, -name…) from args and returns its value.
+func dropFlag(args []string, name string) (rest []string, value string) {
 	for i := 0; i < len(args); i++ {
-		name, _, _ := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
-		if name == "test.skip" || name == "skip" {
-			if !strings.HasPrefix(args[i], ours) {
-				return args
-			}
-			prev := strings.TrimSuffix(strings.TrimPrefix(args[i], ours), ")$")
-			for _, t := range strings.Split(prev, "|") {
-				tests = append(tests, strings.ReplaceAll(t, `\`, ""))
-			}
+		n, v, hasValue := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
+		if n != "test."+name && n != name {
+			rest = append(rest, args[i])
 			continue
 		}
-		out = append(out, args[i])
+		if !hasValue && i+1 < len(args) {
+			i++ // the value is the next argument
+			v = args[i]
+		}
+		value = v
 	}
+	return rest, value
+}
+
+// exactly is a -test.run/-test.skip pattern matching exactly the named top-level tests.
+func exactly(tests []string) string {
 	quoted := make([]string, len(tests))
 	for i, t := range tests {
 		quoted[i] = regexp.QuoteMeta(t)
 	}
-	return append(out, ours+strings.Join(quoted, "|")+")$")
+	return "^(" + strings.Join(quoted, "|") + ")$"
 }
 
 // allTests says whether every name is a Test function: -test.run cannot select benchmarks, examples or
@@ -171,26 +182,6 @@ func allTests(names []string) bool {
 		}
 	}
 	return true
-}
-
-// withRun replaces any -test.run in args with one selecting exactly the named top-level tests.
-func withRun(args, tests []string) []string {
-	var out []string
-	for i := 0; i < len(args); i++ {
-		name, _, hasValue := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
-		if name == "test.run" || name == "run" {
-			if !hasValue {
-				i++ // the value is the next argument
-			}
-			continue
-		}
-		out = append(out, args[i])
-	}
-	quoted := make([]string, len(tests))
-	for i, t := range tests {
-		quoted[i] = regexp.QuoteMeta(t)
-	}
-	return append(out, "-test.run=^("+strings.Join(quoted, "|")+")$")
 }
 
 // payloadArgs keeps the test flags that make sense inside (run, v, count, timeout, bench…) and drops those

@@ -222,6 +222,23 @@ func (s *Service) runningSandbox() (*sandbox.Sandbox, error) {
 	return sb, nil
 }
 
+// soleSandbox returns the VM of container id for an operation on the whole
+// VM (op, and why it is whole-VM), refused while the VM runs other
+// containers (a pod) or has none.
+func (s *Service) soleSandbox(op, id, why string) (*sandbox.Sandbox, error) {
+	s.mu.Lock()
+	others := len(s.containers) - 1
+	sb := s.sb
+	s.mu.Unlock()
+	if others > 0 {
+		return nil, fmt.Errorf("%s %s: its VM runs %d other containers, and %s: %w", op, id, others, why, errdefs.ErrFailedPrecondition)
+	}
+	if sb == nil {
+		return nil, fmt.Errorf("%s %s: no VM: %w", op, id, errdefs.ErrFailedPrecondition)
+	}
+	return sb, nil
+}
+
 // Pause implements taskAPI: the whole VM is frozen, so only a VM running a
 // single container can be paused through one task.
 func (s *Service) Pause(ctx context.Context, req *taskAPI.PauseRequest) (*emptypb.Empty, error) {
@@ -232,12 +249,9 @@ func (s *Service) Pause(ctx context.Context, req *taskAPI.PauseRequest) (*emptyp
 	if st := c.init.Status(); st != process.Running {
 		return nil, errOut(fmt.Errorf("pause %s: it is %s: %w", req.ID, st, errdefs.ErrFailedPrecondition))
 	}
-	s.mu.Lock()
-	others := len(s.containers) - 1
-	sb := s.sb
-	s.mu.Unlock()
-	if others > 0 {
-		return nil, errOut(fmt.Errorf("pause %s: its VM runs %d other containers, and pausing freezes the whole VM: %w", req.ID, others, errdefs.ErrFailedPrecondition))
+	sb, err := s.soleSandbox("pause", req.ID, "pausing freezes the whole VM")
+	if err != nil {
+		return nil, errOut(err)
 	}
 	if err := sb.Pause(ctx); err != nil {
 		return nil, errOut(fmt.Errorf("%v: %w", err, errdefs.ErrFailedPrecondition))
@@ -298,15 +312,9 @@ func (s *Service) Checkpoint(ctx context.Context, req *taskAPI.CheckpointTaskReq
 	if st := c.init.Status(); st != process.Running && st != process.Paused {
 		return nil, errOut(fmt.Errorf("checkpoint %s: it is %s: %w", req.ID, st, errdefs.ErrFailedPrecondition))
 	}
-	s.mu.Lock()
-	others := len(s.containers) - 1
-	sb := s.sb
-	s.mu.Unlock()
-	if others > 0 {
-		return nil, errOut(fmt.Errorf("checkpoint %s: its VM runs %d other containers, and a checkpoint captures the whole VM: %w", req.ID, others, errdefs.ErrFailedPrecondition))
-	}
-	if sb == nil {
-		return nil, errOut(fmt.Errorf("checkpoint %s: no VM: %w", req.ID, errdefs.ErrFailedPrecondition))
+	sb, err := s.soleSandbox("checkpoint", req.ID, "a checkpoint captures the whole VM")
+	if err != nil {
+		return nil, errOut(err)
 	}
 	if err := os.MkdirAll(req.Path, 0o700); err != nil {
 		return nil, errOut(fmt.Errorf("checkpoint %s: %w", req.ID, err))
