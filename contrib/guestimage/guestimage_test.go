@@ -225,3 +225,48 @@ func TestInitramfsProgramBringsLibraries(t *testing.T) {
 		}
 	}
 }
+
+// Two processes filling one cache entry at once: the second publish keeps the first's tree and drops its own.
+func TestPublishDirConcurrent(t *testing.T) {
+	base := t.TempDir()
+	dst := filepath.Join(base, "entry")
+	mk := func(tag string) string {
+		tmp, err := os.MkdirTemp(base, "entry.tmp-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range []string{".complete", tag} {
+			if err := os.WriteFile(filepath.Join(tmp, f), nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return tmp
+	}
+	a, b := mk("a"), mk("b")
+	if err := PublishDir(a, dst); err != nil {
+		t.Fatal(err)
+	}
+	if err := PublishDir(b, dst); err != nil {
+		t.Fatalf("second publish: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dst, "a")); err != nil {
+		t.Fatalf("first tree replaced: %v", err)
+	}
+	if _, err := os.Stat(b); !os.IsNotExist(err) {
+		t.Fatalf("second tree left behind: %v", err)
+	}
+	// An incomplete entry (an older layout) is replaced.
+	if err := os.RemoveAll(dst); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(dst, "junk"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	c := mk("c")
+	if err := PublishDir(c, dst); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dst, "c")); err != nil {
+		t.Fatalf("incomplete entry not replaced: %v", err)
+	}
+}

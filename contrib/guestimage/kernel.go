@@ -10,6 +10,7 @@ import (
 	"crypto/sha256"
 	"debug/elf"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -20,6 +21,7 @@ import (
 	"strings"
 
 	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
 )
 
 // The one place the guest kernel is pinned. The test host, the guest image and the VMM's default kernel all
@@ -152,9 +154,16 @@ func unpackDeb(ctx context.Context, deb, root string) error {
 	if _, err := exec.LookPath("dpkg-deb"); err != nil {
 		return fmt.Errorf("unpack %s: dpkg-deb not found (install dpkg)", deb)
 	}
-	tmp := root + ".tmp"
-	os.RemoveAll(tmp)
-	if err := os.MkdirAll(tmp, 0o755); err != nil {
+	// A unique temporary name: several test runs may fill one cache at once.
+	if err := os.MkdirAll(filepath.Dir(root), 0o755); err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(root), filepath.Base(root)+".tmp-")
+	if err != nil {
+		return err
+	}
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		os.RemoveAll(tmp)
 		return err
 	}
 	if out, err := exec.CommandContext(ctx, "dpkg-deb", "-x", deb, tmp).CombinedOutput(); err != nil {
@@ -165,13 +174,32 @@ func unpackDeb(ctx context.Context, deb, root string) error {
 		os.RemoveAll(tmp)
 		return err
 	}
-	// Rename last so a half-unpacked tree is never taken for a complete one.
-	os.RemoveAll(root)
-	if err := os.Rename(tmp, root); err != nil {
-		os.RemoveAll(tmp)
-		return err
+	return PublishDir(tmp, root)
+}
+
+// PublishDir renames the complete tree tmp to dst, the last step of filling a
+// cache entry, so a half-built tree is never taken for a complete one. If
+// another process published dst first (it has a .complete marker), tmp is
+// dropped and theirs is kept: it may be in use. An incomplete dst (left by
+// an older layout) is replaced.
+func PublishDir(tmp, dst string) error {
+	for range 2 {
+		err := os.Rename(tmp, dst)
+		if err == nil {
+			return nil
+		}
+		if _, serr := os.Stat(filepath.Join(dst, ".complete")); serr == nil {
+			os.RemoveAll(tmp)
+			return nil
+		}
+		if !errors.Is(err, unix.EEXIST) && !errors.Is(err, unix.ENOTEMPTY) {
+			os.RemoveAll(tmp)
+			return fmt.Errorf("publish %s: %w", dst, err)
+		}
+		os.RemoveAll(dst)
 	}
-	return nil
+	os.RemoveAll(tmp)
+	return fmt.Errorf("publish %s: another process keeps replacing it", dst)
 }
 
 func openKernel(root, deb, sum string) (*Kernel, error) {

@@ -90,9 +90,16 @@ func buildArtifacts(ctx context.Context, cacheDir string, opts *Options, logf fu
 		return a, nil
 	}
 	logf("test host artifacts %s: building in %s (kernel %s)", key, dir, k.Release)
-	tmp := dir + ".tmp"
-	os.RemoveAll(tmp)
-	if err := os.MkdirAll(tmp, 0o755); err != nil {
+	// A unique temporary name: several test runs may fill one cache at once.
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return nil, err
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(dir), key+".tmp-")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		os.RemoveAll(tmp)
 		return nil, err
 	}
 	if err := writeInitramfs(filepath.Join(tmp, "initramfs.cpio.gz"), k, busybox, bootMods); err != nil {
@@ -107,10 +114,7 @@ func buildArtifacts(ctx context.Context, cacheDir string, opts *Options, logf fu
 		os.RemoveAll(tmp)
 		return nil, err
 	}
-	// Rename last: a build interrupted half-way is never taken for a cached one.
-	os.RemoveAll(dir)
-	if err := os.Rename(tmp, dir); err != nil {
-		os.RemoveAll(tmp)
+	if err := guestimage.PublishDir(tmp, dir); err != nil {
 		return nil, err
 	}
 	return a, nil
