@@ -389,6 +389,8 @@ const (
 	CapSignalMSI     = 77
 	CapImmediateExit = 136
 	CapXSave2        = 208
+	// CapExceptionPayload (KVM_CAP_EXCEPTION_PAYLOAD) is enabled per VM.
+	CapExceptionPayload = 164
 )
 
 // Exit reasons (KVM_EXIT_*).

@@ -371,6 +371,15 @@ func (m *Machine) createVM() (err error) {
 	if err := m.vm.SetIdentityMapAddr(identityMapAddr); err != nil {
 		m.log.WithError(err).Debug("set identity map address")
 	}
+	// Exception payloads kept apart (as QEMU does): without this, reading
+	// VCPU_EVENTS writes a pending #PF's address into CR2, so a snapshot
+	// whose SREGS were read first saves a stale CR2 beside that #PF. Must
+	// be enabled before any vCPU exists.
+	if n, err := m.sys.CheckExtension(kvm.CapExceptionPayload); err == nil && n > 0 {
+		if err := m.vm.EnableCap(kvm.EnableCap{Cap: kvm.CapExceptionPayload, Args: [4]uint64{1}}); err != nil {
+			m.log.WithError(err).Warn("enable KVM exception payloads")
+		}
+	}
 	// Ordering: the irqchip must exist before any vCPU; the PIT after it.
 	if err = m.vm.CreateIRQChip(); err != nil {
 		return err
