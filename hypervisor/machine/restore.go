@@ -1,6 +1,7 @@
 package machine
 
 import (
+	"crypto/sha256"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -183,6 +184,7 @@ func Restore(snap *checkpoint.Snapshot, cfg Config, attach func(*Machine) error)
 	}
 	m.snap.logging, m.snap.fileBacked = true, true
 	m.snap.parent, _ = filepath.Abs(snap.Dir)
+	m.snap.parentState = sha256.Sum256(snap.State)
 	s, err := m.decodeState(snap.State)
 	if err != nil {
 		return nil, err
@@ -230,7 +232,22 @@ type RollbackStats struct {
 	Prepare time.Duration // validation, disk copies (VM still running)
 	Frozen  time.Duration // vCPUs parked
 	Total   time.Duration
+	// Memory says how guest memory was brought back; Pages, for
+	// RollbackRewrite, how many dirtied pages were rewritten.
+	Memory string
+	Pages  int64
 }
+
+// How a rollback brings guest memory back.
+const (
+	// RollbackRewrite: the snapshot is the VM's parent (its last snapshot,
+	// restore or rollback), so only the pages written since are read back
+	// from it into the existing mappings.
+	RollbackRewrite = "rewrite-dirty"
+	// RollbackRemap: any other snapshot; its memory files are mapped
+	// copy-on-write over guest RAM.
+	RollbackRemap = "remap"
+)
 
 // Rollback replaces the running VM's whole state (memory, vCPUs, devices,
 // writable disks) with the snapshot's, in place: same process, KVM VM,
@@ -332,7 +349,17 @@ func (m *Machine) Rollback(snap *checkpoint.Snapshot) (st RollbackStats, err err
 	if err != nil {
 		return st, fmt.Errorf("save current state: %w", err)
 	}
-	restoreMem, dropOld, err := m.swapMemory(layers)
+	var restoreMem, dropOld func()
+	if m.isParent(snap) {
+		// The memory differs from the snapshot's only in the pages written
+		// since (KVM's dirty log OR the VMM's record): put those back.
+		st.Memory = RollbackRewrite
+		restoreMem, err = m.rewriteDirtyLocked(layers, &st.Pages)
+		dropOld = func() {}
+	} else {
+		st.Memory = RollbackRemap
+		restoreMem, dropOld, err = m.swapMemory(layers)
+	}
 	if err != nil {
 		return st, err
 	}
@@ -361,13 +388,16 @@ func (m *Machine) Rollback(snap *checkpoint.Snapshot) (st RollbackStats, err err
 		}
 	}
 	dropOld()
-	m.snap.fileBacked = true
+	if st.Memory == RollbackRemap {
+		m.snap.fileBacked = true
+	}
 	// The memory now equals the snapshot's: it is the next parent.
 	m.snap.parent = ""
 	if _, err := m.takeDirtyLocked(); err == nil {
 		m.snap.parent, _ = filepath.Abs(snap.Dir)
+		m.snap.parentState = sha256.Sum256(snap.State)
 	}
-	m.log.WithFields(logrus.Fields{"dir": snap.Dir, "frozen": time.Since(tf)}).Info("rolled back")
+	m.log.WithFields(logrus.Fields{"dir": snap.Dir, "frozen": time.Since(tf), "memory": st.Memory, "pages": st.Pages}).Info("rolled back")
 	return st, nil
 }
 
@@ -445,4 +475,93 @@ func (m *Machine) swapMemory(l *memLayers) (restore, drop func(), err error) {
 
 func unmapRaw(addr uintptr, n int64) {
 	unix.Syscall(unix.SYS_MUNMAP, addr, uintptr(n), 0)
+}
+
+// isParent reports whether snap is the snapshot the VM's memory last equalled
+// with the dirty record complete since: same path and same state payload (a
+// snapshot deleted and another written at its path is not the parent).
+func (m *Machine) isParent(snap *checkpoint.Snapshot) bool {
+	abs, err := filepath.Abs(snap.Dir)
+	return err == nil && m.snap.logging && m.snap.parent != "" && abs == m.snap.parent &&
+		sha256.Sum256(snap.State) == m.snap.parentState
+}
+
+// rewriteDirtyLocked puts the snapshot's content back into every page written
+// since the parent snapshot l was taken or last restored, through the existing
+// mappings (no remap; cost grows with the pages dirtied, not with guest size).
+// Ordering: vCPUs parked and transports paused (nothing writes guest memory),
+// and after this, before the vCPUs run, the state is loaded. It takes the
+// dirty record; undo puts the old contents back and marks those pages dirty
+// again in the VMM's record, so the record since the parent stays complete.
+// n is set to the number of pages rewritten.
+func (m *Machine) rewriteDirtyLocked(l *memLayers, n *int64) (undo func(), err error) {
+	dirty, err := m.takeDirtyLocked()
+	if err != nil {
+		// Whatever part of the record was taken is gone: no parent now.
+		m.snap.parent = ""
+		return nil, fmt.Errorf("read dirty log: %w", err)
+	}
+	type saved struct {
+		r    *memory.Region
+		off  int64
+		data []byte
+	}
+	var old []saved
+	undo = func() {
+		for _, s := range old {
+			copy(s.r.Host[s.off:], s.data)
+		}
+		m.markDirtyPages(dirty)
+	}
+	var fileOff int64
+	*n = 0
+	for _, r := range m.mem.Regions() {
+		first, pages := fileOff/memory.PageSize, int64(r.Size)/memory.PageSize
+		for _, run := range checkpoint.Runs(dirty[first/64:(first+pages)/64], pages) {
+			// Split the run where the page's owning layer changes.
+			for p := run[0]; p < run[1]; {
+				layer := l.owner(first + p)
+				q := p + 1
+				for q < run[1] && l.owner(first+q) == layer {
+					q++
+				}
+				off, size := p*memory.PageSize, (q-p)*memory.PageSize
+				dst := r.Host[off : off+size]
+				old = append(old, saved{r: r, off: off, data: append([]byte(nil), dst...)})
+				if k, err := l.files[layer].ReadAt(dst, fileOff+off); err != nil || int64(k) != size {
+					undo()
+					return nil, fmt.Errorf("memory layer %d: read %d bytes at %#x: got %d: %v: %w",
+						layer, size, fileOff+off, k, err, checkpoint.ErrTruncated)
+				}
+				*n += q - p
+				p = q
+			}
+		}
+		fileOff += int64(r.Size)
+	}
+	return undo, nil
+}
+
+// owner is the layer holding page p: the last diff layer whose bitmap has it,
+// else the base.
+func (l *memLayers) owner(p int64) int {
+	for i := len(l.files) - 1; i >= 1; i-- {
+		if bm := l.bitmaps[i]; p/64 < int64(len(bm)) && bm[p/64]&(1<<(p%64)) != 0 {
+			return i
+		}
+	}
+	return 0
+}
+
+// markDirtyPages adds a bitmap over the regions back to back (as
+// takeDirtyLocked returns it) to the VMM's dirty record.
+func (m *Machine) markDirtyPages(dirty []uint64) {
+	var first int64
+	for _, r := range m.mem.Regions() {
+		pages := int64(r.Size) / memory.PageSize
+		for _, run := range checkpoint.Runs(dirty[first/64:(first+pages)/64], pages) {
+			m.mem.MarkDirty(r.GPA+uint64(run[0])*memory.PageSize, uint64(run[1]-run[0])*memory.PageSize)
+		}
+		first += pages
+	}
 }

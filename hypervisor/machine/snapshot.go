@@ -1,6 +1,7 @@
 package machine
 
 import (
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -83,6 +84,9 @@ type snapState struct {
 	// the memory equalled when the dirty records were last cleared.
 	logging bool
 	parent  string
+	// parentState: sha256 of the parent's state payload, telling that
+	// snapshot apart from another later written at the same path.
+	parentState [32]byte
 	// fileBacked: guest memory is (partly) mapped from snapshot files
 	// (after a restore or rollback), not only anonymous memory.
 	fileBacked bool
@@ -263,7 +267,7 @@ func (m *Machine) Snapshot(dir string, opt SnapshotOptions) (st SnapshotStats, e
 	}
 	if abs, err := filepath.Abs(dir); err == nil {
 		m.ctl.Lock()
-		m.snap.parent = abs
+		m.snap.parent, m.snap.parentState = abs, sha256.Sum256(payload)
 		m.ctl.Unlock()
 	}
 	st.Total = time.Since(t0)

@@ -121,7 +121,11 @@ type rollbackResult struct {
 	Dir       string  `json:"dir"`
 	PrepareMS float64 `json:"prepare_ms"`
 	FrozenMS  float64 `json:"frozen_ms"`
-	TotalMS   float64 `json:"total_ms"`
+	// Memory: "rewrite-dirty" (the VM's parent: only pages written since
+	// were read back) or "remap"; Pages: how many were rewritten.
+	Memory  string  `json:"memory"`
+	Pages   int64   `json:"pages_rewritten"`
+	TotalMS float64 `json:"total_ms"`
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -163,7 +167,8 @@ func (t *snapTarget) Rollback(dir string) (json.RawMessage, error) {
 	if err != nil {
 		return nil, err
 	}
-	return json.Marshal(rollbackResult{Dir: dir, PrepareMS: ms(st.Prepare), FrozenMS: ms(st.Frozen), TotalMS: ms(st.Total)})
+	return json.Marshal(rollbackResult{Dir: dir, PrepareMS: ms(st.Prepare), FrozenMS: ms(st.Frozen), TotalMS: ms(st.Total),
+		Memory: st.Memory, Pages: st.Pages})
 }
 
 const restoreUsage = `Usage: cube-vmm restore [flags] SNAPSHOT-DIR
