@@ -49,6 +49,8 @@ type Options struct {
 	Tools   []string
 	Files   map[string]string
 	Timeout time.Duration
+	// Env are NAME=value pairs set for the tests inside the test host (Main only).
+	Env []string
 	// Build, when set, makes more files in dir (removed with the rest) and returns them as paths inside the
 	// test host → files in dir (MainWith only).
 	Build func(dir string) (map[string]string, error)
@@ -184,7 +186,7 @@ func MainWith(m *testing.M, prefix string, o Options) {
 	if o.Timeout == 0 {
 		o.Timeout = 15 * time.Minute
 	}
-	code := testhost.RunMain(m, testhost.Options{Timeout: o.Timeout, Tools: o.Tools, Files: env.Files})
+	code := testhost.RunMain(m, testhost.Options{Timeout: o.Timeout, Tools: o.Tools, Files: env.Files, Env: o.Env})
 	env.Close() // not deferred: os.Exit skips deferred calls
 	os.Exit(code)
 }

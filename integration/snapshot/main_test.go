@@ -39,6 +39,9 @@ func TestMain(m *testing.M) {
 		Timeout: 20 * time.Minute,
 	}
 	flag.Parse()
+	if v := os.Getenv("CUBE_E2E_ROLLBACK_ROUNDS"); v != "" {
+		o.Env = append(o.Env, "CUBE_E2E_ROLLBACK_ROUNDS="+v) // more rollback rounds, to hunt rare failures
+	}
 	if f := flag.Lookup("test.bench"); f != nil && f.Value.String() != "" {
 		// The benchmarks boot the same kernel and bench initramfs in cube-vmm and in QEMU.
 		o.Tools = []string{"qemu-system-x86_64"}
