@@ -18,38 +18,19 @@ import (
 	"time"
 
 	"github.com/containerd/console"
-	"github.com/containerd/ttrpc"
 
 	"github.com/cube-runtime/cube/checkpoint"
 	"github.com/cube-runtime/cube/guest-agent/protocol"
-	"github.com/cube-runtime/cube/hypervisor/virtio/vsock"
 	"github.com/cube-runtime/cube/integration/vmmrun"
 )
 
 // dialAgent connects to the guest agent of a cube-vmm started by the test (its hybrid vsock socket),
-// waiting up to a minute for it to answer.
+// waiting up to a minute for it to answer; the connection closes when the test ends.
 func dialAgent(t *testing.T, uds string, vmm *vmmrun.Process) protocol.AgentService {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		conn, err := vsock.Dial(c, uds, protocol.AgentPort)
-		if err == nil {
-			tc := ttrpc.NewClient(conn)
-			cl := protocol.NewAgentClient(tc)
-			if _, err = cl.Version(c, &protocol.VersionRequest{}); err == nil {
-				cancel()
-				t.Cleanup(func() { tc.Close() })
-				return cl
-			}
-			tc.Close()
-		}
-		cancel()
-		if time.Now().After(deadline) {
-			t.Fatalf("agent of the restored VM never answered: %v\nconsole:\n%s\nstderr:\n%s", err, vmm.ConsoleTail(), vmm.Stderr())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	tc, cl := vmm.DialAgent(t, uds, time.Minute)
+	t.Cleanup(func() { tc.Close() })
+	return cl
 }
 
 // counterScript counts in /count every 100 ms. The file is replaced by a rename, so a reader (cat, or the

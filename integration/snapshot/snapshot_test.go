@@ -79,26 +79,8 @@ func (s *sandbox) connect(timeout time.Duration) time.Duration {
 		s.tc.Close()
 	}
 	start := time.Now()
-	deadline := start.Add(timeout)
-	for {
-		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		conn, err := vsock.Dial(c, s.uds, protocol.AgentPort)
-		if err == nil {
-			tc := ttrpc.NewClient(conn)
-			cl := protocol.NewAgentClient(tc)
-			if _, err = cl.Version(c, &protocol.VersionRequest{}); err == nil {
-				cancel()
-				s.tc, s.client = tc, cl
-				return time.Since(start)
-			}
-			tc.Close()
-		}
-		cancel()
-		if time.Now().After(deadline) {
-			s.t.Fatalf("agent never answered: %v\nconsole:\n%s\nstderr:\n%s", err, s.vmm.ConsoleTail(), s.vmm.Stderr())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	s.tc, s.client = s.vmm.DialAgent(s.t, s.uds, timeout)
+	return time.Since(start)
 }
 
 func (s *sandbox) dialControl() {
