@@ -9,10 +9,13 @@
 //	→ {"op":"rollback","dir":"/snaps/a"}  ← {"ok":true,"result":{...}}
 //	→ {"op":"disk-set","serial":"cube-slot-1","path":"/img/c2.img"}
 //	                                      ← {"ok":true,"result":{"serial":…,"path":…,"sectors":N}}
+//	→ {"op":"restore","dir":"/snaps/a"}   ← {"ok":true,"result":{...}}   (a standby VMM only)
 //
 // Ops: pause, resume, stop, info, snapshot/rollback when the target
 // implements Snapshotter, and disk-set (re-point a drive at another
-// backing file, a media change) when it implements DiskSetter. The shim
+// backing file, a media change) when it implements DiskSetter, restore
+// (once, into a standby VMM that has no VM yet) when it implements
+// Restorer; the server's target may then change (SetTarget). The shim
 // and the snapshot code drive a running cube-vmm through it.
 package control
 
@@ -34,6 +37,7 @@ type Request struct {
 	Incremental bool   `json:"incremental,omitempty"` // snapshot
 	Serial      string `json:"serial,omitempty"`      // disk-set
 	Path        string `json:"path,omitempty"`        // disk-set: absolute
+	Paused      bool   `json:"paused,omitempty"`      // restore: vCPUs parked until resume
 }
 
 // Response answers one Request.
@@ -55,6 +59,11 @@ type Snapshotter interface {
 // files (serial names the drive; path is absolute).
 type DiskSetter interface {
 	SetDisk(serial, path string) (json.RawMessage, error)
+}
+
+// Restorer is a Target that can restore a snapshot (a standby VMM).
+type Restorer interface {
+	Restore(dir string, paused bool) (json.RawMessage, error)
 }
 
 // Target is what the socket controls.
@@ -138,25 +147,48 @@ func (s *Server) serve(c net.Conn) {
 	}
 }
 
+// SetTarget replaces what the socket controls (a standby VMM's target by the
+// restored VM's); requests after it go to t.
+func (s *Server) SetTarget(t Target) {
+	s.mu.Lock()
+	s.target = t
+	s.mu.Unlock()
+}
+
 func (s *Server) handle(line []byte) Response {
 	var req Request
 	if err := json.Unmarshal(line, &req); err != nil {
 		return Response{Error: fmt.Sprintf("bad request: %v", err)}
 	}
+	s.mu.Lock()
+	target := s.target
+	s.mu.Unlock()
 	var err error
 	resp := Response{}
 	switch req.Op {
 	case "pause":
-		err = s.target.Pause()
+		err = target.Pause()
 	case "resume":
-		err = s.target.Resume()
+		err = target.Resume()
 	case "stop":
 		// Answer before the VM is torn down: Stop waits for the vCPUs.
-		go s.target.Stop()
+		go target.Stop()
 	case "info":
-		resp.Info, err = s.target.InfoJSON()
+		resp.Info, err = target.InfoJSON()
+	case "restore":
+		rs, ok := target.(Restorer)
+		switch {
+		case !ok:
+			err = errors.New("restore: this VMM already runs a VM (only a standby cube-vmm restores)")
+		case req.Dir == "":
+			err = errors.New("restore: no dir given")
+		case !filepath.IsAbs(req.Dir):
+			err = fmt.Errorf("restore: dir %q is not absolute", req.Dir)
+		default:
+			resp.Result, err = rs.Restore(req.Dir, req.Paused)
+		}
 	case "snapshot", "rollback":
-		sn, ok := s.target.(Snapshotter)
+		sn, ok := target.(Snapshotter)
 		switch {
 		case !ok:
 			err = fmt.Errorf("%s: not supported by this VMM", req.Op)
@@ -168,7 +200,7 @@ func (s *Server) handle(line []byte) Response {
 			resp.Result, err = sn.Rollback(req.Dir)
 		}
 	case "disk-set":
-		ds, ok := s.target.(DiskSetter)
+		ds, ok := target.(DiskSetter)
 		switch {
 		case !ok:
 			err = errors.New("disk-set: not supported by this VMM")
@@ -281,5 +313,12 @@ func (c *Client) SetDisk(serial, path string) (json.RawMessage, error) {
 // Rollback asks the VM to roll back in place to the snapshot in dir.
 func (c *Client) Rollback(dir string) (json.RawMessage, error) {
 	resp, err := c.DoRequest(Request{Op: "rollback", Dir: dir})
+	return resp.Result, err
+}
+
+// Restore asks a standby VMM to restore the snapshot in dir (absolute) and run
+// it (or keep its vCPUs parked with paused); the socket then controls that VM.
+func (c *Client) Restore(dir string, paused bool) (json.RawMessage, error) {
+	resp, err := c.DoRequest(Request{Op: "restore", Dir: dir, Paused: paused})
 	return resp.Result, err
 }

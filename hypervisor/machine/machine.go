@@ -60,6 +60,10 @@ type Config struct {
 	// trace after "Kernel panic" before ending the VM (default 2s).
 	PanicGrace time.Duration
 	Log        *logrus.Entry
+	// Prepared, if set, is a KVM VM made ahead of time by PrepareVM (a
+	// standby VMM waiting for a snapshot): Restore uses it instead of
+	// creating one, and owns it from then on, whatever the outcome.
+	Prepared *PreparedVM
 }
 
 // Defaults fills zero fields.
@@ -350,9 +354,47 @@ func mapFile(path string) ([]byte, func(), error) {
 	return b, func() { unix.Munmap(b) }, nil
 }
 
+// PreparedVM is a KVM VM with its irqchip and PIT and nothing else: the part
+// of a VM that does not depend on its shape, made before a snapshot to restore
+// is known. It is used once (Config.Prepared) or closed.
+type PreparedVM struct {
+	sys *kvm.System
+	vm  *kvm.VM
+}
+
+// PrepareVM makes a PreparedVM on cfg's KVM device.
+func PrepareVM(cfg Config) (*PreparedVM, error) {
+	cfg.Defaults()
+	m := &Machine{cfg: cfg, log: cfg.Log}
+	if err := m.createVM(); err != nil {
+		m.release()
+		return nil, err
+	}
+	return &PreparedVM{sys: m.sys, vm: m.vm}, nil
+}
+
+// Close releases an unused PreparedVM.
+func (p *PreparedVM) Close() {
+	if p.vm != nil {
+		p.vm.Close()
+	}
+	if p.sys != nil {
+		p.sys.Close()
+	}
+	p.vm, p.sys = nil, nil
+}
+
 // createVM opens KVM, checks the capabilities the machine needs, and creates the VM with its in-kernel
-// irqchip and PIT: the part New and Restore share, before memory and vCPUs.
+// irqchip and PIT: the part New and Restore share, before memory and vCPUs. A prepared VM is taken as is.
 func (m *Machine) createVM() (err error) {
+	if p := m.cfg.Prepared; p != nil {
+		if p.vm == nil {
+			return errors.New("prepared VM already used or closed")
+		}
+		m.sys, m.vm = p.sys, p.vm
+		p.sys, p.vm = nil, nil // owned by the machine now
+		return nil
+	}
 	if m.sys, err = kvm.Open(m.cfg.KVMDevice); err != nil {
 		return err
 	}

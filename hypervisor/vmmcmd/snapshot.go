@@ -4,21 +4,13 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"path/filepath"
 	"sync"
-	"syscall"
 	"time"
 
-	"github.com/sirupsen/logrus"
-
 	"github.com/cube-runtime/cube/checkpoint"
-	"github.com/cube-runtime/cube/hypervisor/control"
 	"github.com/cube-runtime/cube/hypervisor/machine"
 )
 
@@ -169,180 +161,6 @@ func (t *snapTarget) Rollback(dir string) (json.RawMessage, error) {
 	}
 	return json.Marshal(rollbackResult{Dir: dir, PrepareMS: ms(st.Prepare), FrozenMS: ms(st.Frozen), TotalMS: ms(st.Total),
 		Memory: st.Memory, Pages: st.Pages})
-}
-
-const restoreUsage = `Usage: cube-vmm restore [flags] SNAPSHOT-DIR
-
-Starts a VM from a snapshot directory written by the control socket's
-snapshot op. Guest memory is mapped copy-on-write from the snapshot (the
-snapshot never changes); writable disks get working copies (reflinked when
-the filesystem can) at their recorded paths, or in -disk-dir. The guest's
-vsock connections are reset; its agent reconnects.
-
-Exit statuses as for cube-vmm; a snapshot that cannot be used exits 1.
-
-Flags (default: what the snapshotted VMM had):
-`
-
-// runRestore is "cube-vmm restore".
-func runRestore(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("cube-vmm restore", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, restoreUsage)
-		fs.PrintDefaults()
-	}
-	controlPath := fs.String("control", "", "control socket `path`")
-	vsockPath := fs.String("vsock", "", "hybrid vsock Unix socket `path`")
-	console := fs.String("console", "", "serial console output: stdout, none, or a file `path`")
-	logLevel := fs.String("log-level", "", "log level")
-	diskDir := fs.String("disk-dir", "", "put working copies of writable disks in this `dir` (default: their recorded paths)")
-	kvmDev := fs.String("kvm", "", "KVM device `path`")
-	paused := fs.Bool("paused", false, "start with the vCPUs paused (resume through the control socket)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return ExitUsage
-	}
-	if fs.NArg() != 1 {
-		fmt.Fprintln(stderr, "cube-vmm restore: want exactly one snapshot directory (see --help)")
-		return ExitUsage
-	}
-	t0 := time.Now()
-	snap, err := checkpoint.Open(fs.Arg(0))
-	if err != nil {
-		fmt.Fprintf(stderr, "cube-vmm restore: %v\n", err)
-		return ExitFailure
-	}
-	man := snap.Manifest
-	if man.Components.VMMVersion != Version {
-		fmt.Fprintf(stderr, "cube-vmm restore: snapshot was made by %q, this is %q\n", man.Components.VMMVersion, Version)
-		return ExitFailure
-	}
-	cfg := defaults()
-	if err := json.Unmarshal(man.Config, &cfg); err != nil {
-		fmt.Fprintf(stderr, "cube-vmm restore: snapshot configuration: %v\n", err)
-		return ExitFailure
-	}
-	for f, v := range map[*string]string{&cfg.ControlSocket: *controlPath, &cfg.Vsock: *vsockPath, &cfg.Console: *console,
-		&cfg.LogLevel: *logLevel, &cfg.KVMDevice: *kvmDev} {
-		if v != "" {
-			*f = v
-		}
-	}
-	log := logrus.New()
-	log.SetOutput(stderr)
-	lvl, err := logrus.ParseLevel(cfg.LogLevel)
-	if err != nil {
-		fmt.Fprintf(stderr, "cube-vmm restore: log level: %v\n", err)
-		return ExitUsage
-	}
-	log.SetLevel(lvl)
-	if len(cfg.Disks) != len(man.Shape.Disks) {
-		fmt.Fprintf(stderr, "cube-vmm restore: configuration has %d disks, manifest %d\n", len(cfg.Disks), len(man.Shape.Disks))
-		return ExitFailure
-	}
-	// Working copies: the snapshot's disk copies are never written.
-	var made []string
-	defer func() {
-		// Only on failure: a restored VM keeps its disks.
-		for _, p := range made {
-			os.Remove(p)
-		}
-	}()
-	// Two writable disks whose files share a name (drives re-pointed by
-	// disk-set at files in different directories) would get one working
-	// copy in -disk-dir.
-	if *diskDir != "" {
-		seen := map[string]int{}
-		for i, d := range cfg.Disks {
-			if man.Shape.Disks[i].ReadOnly {
-				continue
-			}
-			b := filepath.Base(d.Path)
-			if j, ok := seen[b]; ok {
-				fmt.Fprintf(stderr, "cube-vmm restore: disks %d and %d would both be copied to %s in -disk-dir\n", j, i, b)
-				return ExitFailure
-			}
-			seen[b] = i
-		}
-	}
-	for i := range cfg.Disks {
-		d, md := &cfg.Disks[i], man.Shape.Disks[i]
-		if md.ReadOnly {
-			if fi, err := os.Stat(d.Path); err != nil || fi.Size() != md.Size {
-				fmt.Fprintf(stderr, "cube-vmm restore: read-only disk %d (%s) missing or of another size than the snapshot's %d bytes (%v)\n", i, d.Path, md.Size, err)
-				return ExitFailure
-			}
-			continue
-		}
-		if *diskDir != "" {
-			d.Path = filepath.Join(*diskDir, filepath.Base(d.Path))
-		}
-		if _, err := checkpoint.CloneFile(d.Path, snap.Path(md.File)); err != nil {
-			fmt.Fprintf(stderr, "cube-vmm restore: disk %d: %v\n", i, err)
-			return ExitFailure
-		}
-		made = append(made, d.Path)
-	}
-	mc := machine.Config{KVMDevice: cfg.KVMDevice, Log: logrus.NewEntry(log)}
-	switch cfg.Console {
-	case "stdout", "":
-		mc.Console = stdout
-	case "none":
-	default:
-		f, err := os.OpenFile(cfg.Console, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
-		if err != nil {
-			fmt.Fprintf(stderr, "cube-vmm restore: console: %v\n", err)
-			return ExitUsage
-		}
-		defer f.Close()
-		mc.Console = f
-	}
-	closeDevices := func() {}
-	m, err := machine.Restore(snap, mc, func(m *machine.Machine) error {
-		var err error
-		closeDevices, err = attachDevices(m, &cfg)
-		return err
-	})
-	defer closeDevices()
-	if err != nil {
-		fmt.Fprintf(stderr, "cube-vmm restore: %v\n", err)
-		return ExitFailure
-	}
-	defer m.Close()
-	made = nil
-	comps := man.Components
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	defer signal.Stop(sigs)
-	if err := m.StartRestored(*paused); err != nil {
-		fmt.Fprintf(stderr, "cube-vmm restore: %v\n", err)
-		return ExitFailure
-	}
-	// The control socket appears once the VM runs (or is parked with -paused).
-	if cfg.ControlSocket != "" {
-		srv, err := control.Listen(cfg.ControlSocket, newTarget(m, cfg, func() (checkpoint.Components, error) { return comps, nil }))
-		if err != nil {
-			fmt.Fprintf(stderr, "cube-vmm restore: %v\n", err)
-			return ExitFailure
-		}
-		defer func() {
-			srv.Close()
-			os.Remove(cfg.ControlSocket)
-		}()
-	}
-	log.WithFields(logrus.Fields{"dir": snap.Dir, "took": time.Since(t0)}).Info("restored and running")
-	go func() {
-		select {
-		case s := <-sigs:
-			log.WithField("signal", s).Info("stopping")
-			m.Stop()
-		case <-m.Done():
-		}
-	}()
-	return exitStatus(m.Wait(), stderr)
 }
 
 // exitStatus maps how the guest ended to cube-vmm's exit status.

@@ -209,3 +209,77 @@ func TestRollbackRefusesOtherKernel(t *testing.T) {
 	}
 	b.stop(t)
 }
+
+// TestRestoreStandby: a standby cube-vmm answers info before any VM, refuses
+// VM ops and bad restores (staying on standby), restores through the op and
+// then controls the restored VM on the same socket; a second restore is
+// refused; a standby stopped before a restore exits 12.
+func TestRestoreStandby(t *testing.T) {
+	needKVM(t)
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "ctl")
+	a := startVMM(t, sock, "-kernel", kernel(t, counterCode), "-memory", "64", "-console", "none", "-control", sock)
+	time.Sleep(50 * time.Millisecond)
+	a.ctl.Pause()
+	snap := filepath.Join(dir, "snap")
+	if _, err := a.ctl.Snapshot(snap, false); err != nil {
+		t.Fatal(err)
+	}
+	c1 := snapCounter(t, snap)
+	a.stop(t)
+
+	sb := filepath.Join(dir, "standby")
+	s := startVMM(t, sb, "restore", "-standby", "-control", sb, "-console", "none")
+	var info struct{ State string }
+	if err := s.ctl.Info(&info); err != nil || info.State != "standby" {
+		t.Fatalf("standby info: %q %v", info.State, err)
+	}
+	if err := s.ctl.Pause(); err == nil || !strings.Contains(err.Error(), "restore first") {
+		t.Errorf("pause on standby: %v", err)
+	}
+	if _, err := s.ctl.Restore("relative/snap", false); err == nil || !strings.Contains(err.Error(), "not absolute") {
+		t.Errorf("relative restore dir: %v", err)
+	}
+	if _, err := s.ctl.Restore(filepath.Join(dir, "missing"), false); err == nil {
+		t.Error("restore of a missing snapshot succeeded")
+	}
+	res, err := s.ctl.Restore(snap, true)
+	if err != nil {
+		t.Fatalf("restore after a failed one: %v\n%s", err, s.stderr)
+	}
+	t.Logf("restore: %s", res)
+	if err := s.ctl.Info(&info); err != nil || info.State != "paused" {
+		t.Fatalf("after restore -paused the VM is %q (%v)", info.State, err)
+	}
+	s2 := filepath.Join(dir, "s2")
+	if _, err := s.ctl.Snapshot(s2, false); err != nil {
+		t.Fatal(err)
+	}
+	if c := snapCounter(t, s2); c != c1 {
+		t.Fatalf("restored counter %d, want %d", c, c1)
+	}
+	if _, err := s.ctl.Restore(snap, false); err == nil || !strings.Contains(err.Error(), "already runs a VM") {
+		t.Errorf("second restore: %v", err)
+	}
+	s.ctl.Resume()
+	time.Sleep(20 * time.Millisecond)
+	s.ctl.Pause()
+	s3 := filepath.Join(dir, "s3")
+	s.ctl.Snapshot(s3, false)
+	if c := snapCounter(t, s3); c <= c1 {
+		t.Fatalf("restored counter did not advance: %d", c)
+	}
+	s.stop(t)
+
+	// Stopped before any restore.
+	idle := startVMM(t, sb, "restore", "-standby", "-control", sb)
+	idle.stop(t)
+	if _, err := os.Stat(sb); !os.IsNotExist(err) {
+		t.Errorf("standby socket left behind: %v", err)
+	}
+	for _, args := range [][]string{{"restore", "-standby", snap}, {"restore", "-standby"}, {"restore", "-standby", "-paused", "-control", sb}} {
+		if rc, _, errOut := run(args...); rc != ExitUsage {
+			t.Errorf("%q: exit %d (%s), want %d", args, rc, errOut, ExitUsage)
+		}
+	}
+}

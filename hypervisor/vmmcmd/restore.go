@@ -1,0 +1,403 @@
+package vmmcmd
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/cube-runtime/cube/checkpoint"
+	"github.com/cube-runtime/cube/hypervisor/control"
+	"github.com/cube-runtime/cube/hypervisor/machine"
+)
+
+const restoreUsage = `Usage: cube-vmm restore [flags] SNAPSHOT-DIR
+       cube-vmm restore -standby -control PATH [flags]
+
+Starts a VM from a snapshot directory written by the control socket's
+snapshot op. Guest memory is mapped copy-on-write from the snapshot (the
+snapshot never changes); writable disks get working copies (reflinked when
+the filesystem can) at their recorded paths, or in -disk-dir. The guest's
+vsock connections are reset; its agent reconnects.
+
+With -standby, cube-vmm starts without a snapshot: it creates its KVM VM,
+listens on -control and waits; the first {"op":"restore","dir":ABS-DIR}
+request there restores that snapshot (the process start and the VM
+creation are already paid), answers once the VM runs, and from then on the
+socket controls that VM as usual. A standby stopped before a restore (stop
+op, SIGINT/SIGTERM) exits 12. A restore that fails is answered with the
+error and the VMM stays on standby.
+
+Exit statuses as for cube-vmm; a snapshot that cannot be used exits 1.
+
+Flags (default: what the snapshotted VMM had):
+`
+
+// restoreFlags are the restore command's overrides of the snapshot's own
+// configuration.
+type restoreFlags struct {
+	control, vsock, console, logLevel, diskDir, kvm string
+}
+
+// usageError marks a restore error as the caller's (exit 2).
+type usageError struct{ error }
+
+// restored is a VM restored from a snapshot, not yet started.
+type restored struct {
+	m       *machine.Machine
+	cfg     Config
+	comps   checkpoint.Components
+	dir     string
+	closers []func()
+}
+
+// close stops and releases the VM and then what it used, in reverse order.
+func (r *restored) close() {
+	for i := len(r.closers) - 1; i >= 0; i-- {
+		r.closers[i]()
+	}
+	r.closers = nil
+}
+
+// restoreVM opens the snapshot in dir and restores it (into prepared, if not
+// nil; it is consumed either way). Nothing it made remains on failure.
+func restoreVM(dir string, f restoreFlags, prepared *machine.PreparedVM, stdout io.Writer, log *logrus.Logger) (_ *restored, err error) {
+	r := &restored{dir: dir}
+	defer func() {
+		if err != nil {
+			r.close()
+			if prepared != nil {
+				prepared.Close()
+			}
+		}
+	}()
+	snap, err := checkpoint.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	man := snap.Manifest
+	if man.Components.VMMVersion != Version {
+		return nil, fmt.Errorf("snapshot was made by %q, this is %q", man.Components.VMMVersion, Version)
+	}
+	cfg := defaults()
+	if err := json.Unmarshal(man.Config, &cfg); err != nil {
+		return nil, fmt.Errorf("snapshot configuration: %v", err)
+	}
+	for p, v := range map[*string]string{&cfg.ControlSocket: f.control, &cfg.Vsock: f.vsock, &cfg.Console: f.console,
+		&cfg.LogLevel: f.logLevel, &cfg.KVMDevice: f.kvm} {
+		if v != "" {
+			*p = v
+		}
+	}
+	lvl, err := logrus.ParseLevel(cfg.LogLevel)
+	if err != nil {
+		return nil, usageError{fmt.Errorf("log level: %v", err)}
+	}
+	log.SetLevel(lvl)
+	if len(cfg.Disks) != len(man.Shape.Disks) {
+		return nil, fmt.Errorf("configuration has %d disks, manifest %d", len(cfg.Disks), len(man.Shape.Disks))
+	}
+	// Two writable disks whose files share a name (drives re-pointed by
+	// disk-set at files in different directories) would get one working
+	// copy in -disk-dir.
+	if f.diskDir != "" {
+		seen := map[string]int{}
+		for i, d := range cfg.Disks {
+			if man.Shape.Disks[i].ReadOnly {
+				continue
+			}
+			b := filepath.Base(d.Path)
+			if j, ok := seen[b]; ok {
+				return nil, fmt.Errorf("disks %d and %d would both be copied to %s in -disk-dir", j, i, b)
+			}
+			seen[b] = i
+		}
+	}
+	// Working copies: the snapshot's disk copies are never written.
+	var made []string
+	defer func() {
+		// Only on failure: a restored VM keeps its disks.
+		if err != nil {
+			for _, p := range made {
+				os.Remove(p)
+			}
+		}
+	}()
+	for i := range cfg.Disks {
+		d, md := &cfg.Disks[i], man.Shape.Disks[i]
+		if md.ReadOnly {
+			if fi, err := os.Stat(d.Path); err != nil || fi.Size() != md.Size {
+				return nil, fmt.Errorf("read-only disk %d (%s) missing or of another size than the snapshot's %d bytes (%v)", i, d.Path, md.Size, err)
+			}
+			continue
+		}
+		if f.diskDir != "" {
+			d.Path = filepath.Join(f.diskDir, filepath.Base(d.Path))
+		}
+		if _, err := checkpoint.CloneFile(d.Path, snap.Path(md.File)); err != nil {
+			return nil, fmt.Errorf("disk %d: %v", i, err)
+		}
+		made = append(made, d.Path)
+	}
+	mc := machine.Config{KVMDevice: cfg.KVMDevice, Log: logrus.NewEntry(log), Prepared: prepared}
+	prepared = nil // Restore owns it now
+	switch cfg.Console {
+	case "stdout", "":
+		mc.Console = stdout
+	case "none":
+	default:
+		cf, err := os.OpenFile(cfg.Console, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+		if err != nil {
+			return nil, usageError{fmt.Errorf("console: %v", err)}
+		}
+		r.closers = append(r.closers, func() { cf.Close() })
+	}
+	m, err := machine.Restore(snap, mc, func(m *machine.Machine) error {
+		closeDevices, err := attachDevices(m, &cfg)
+		r.closers = append(r.closers, closeDevices)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	r.closers = append(r.closers, func() { m.Close() })
+	r.m, r.cfg, r.comps = m, cfg, man.Components
+	return r, nil
+}
+
+// runRestore is "cube-vmm restore".
+func runRestore(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("cube-vmm restore", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, restoreUsage)
+		fs.PrintDefaults()
+	}
+	var f restoreFlags
+	fs.StringVar(&f.control, "control", "", "control socket `path`")
+	fs.StringVar(&f.vsock, "vsock", "", "hybrid vsock Unix socket `path`")
+	fs.StringVar(&f.console, "console", "", "serial console output: stdout, none, or a file `path`")
+	fs.StringVar(&f.logLevel, "log-level", "", "log level")
+	fs.StringVar(&f.diskDir, "disk-dir", "", "put working copies of writable disks in this `dir` (default: their recorded paths)")
+	fs.StringVar(&f.kvm, "kvm", "", "KVM device `path`")
+	paused := fs.Bool("paused", false, "start with the vCPUs paused (resume through the control socket)")
+	standby := fs.Bool("standby", false, "start without a snapshot and restore the one a restore op on -control names (see above)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return ExitUsage
+	}
+	log := logrus.New()
+	log.SetOutput(stderr)
+	if *standby {
+		switch {
+		case fs.NArg() != 0:
+			fmt.Fprintln(stderr, "cube-vmm restore: -standby takes no snapshot directory (the restore op names it; see --help)")
+			return ExitUsage
+		case f.control == "":
+			fmt.Fprintln(stderr, "cube-vmm restore: -standby needs -control PATH (the socket the restore op comes on)")
+			return ExitUsage
+		case *paused:
+			fmt.Fprintln(stderr, `cube-vmm restore: with -standby, ask for a paused VM in the op ({"op":"restore","dir":…,"paused":true})`)
+			return ExitUsage
+		}
+		return runStandby(f, stdout, stderr, log)
+	}
+	if fs.NArg() != 1 {
+		fmt.Fprintln(stderr, "cube-vmm restore: want exactly one snapshot directory (see --help)")
+		return ExitUsage
+	}
+	t0 := time.Now()
+	r, err := restoreVM(fs.Arg(0), f, nil, stdout, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "cube-vmm restore: %v\n", err)
+		if errors.As(err, new(usageError)) {
+			return ExitUsage
+		}
+		return ExitFailure
+	}
+	defer r.close()
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	if err := r.m.StartRestored(*paused); err != nil {
+		fmt.Fprintf(stderr, "cube-vmm restore: %v\n", err)
+		return ExitFailure
+	}
+	// The control socket appears once the VM runs (or is parked with -paused).
+	if r.cfg.ControlSocket != "" {
+		srv, err := control.Listen(r.cfg.ControlSocket, newTarget(r.m, r.cfg, func() (checkpoint.Components, error) { return r.comps, nil }))
+		if err != nil {
+			fmt.Fprintf(stderr, "cube-vmm restore: %v\n", err)
+			return ExitFailure
+		}
+		defer func() {
+			srv.Close()
+			os.Remove(r.cfg.ControlSocket)
+		}()
+	}
+	log.WithFields(logrus.Fields{"dir": r.dir, "took": time.Since(t0)}).Info("restored and running")
+	return waitVM(r.m, sigs, log, stderr)
+}
+
+// waitVM runs until the VM ends (a signal stops it) and maps how it ended.
+func waitVM(m *machine.Machine, sigs <-chan os.Signal, log *logrus.Logger, stderr io.Writer) int {
+	go func() {
+		select {
+		case s := <-sigs:
+			log.WithField("signal", s).Info("stopping")
+			m.Stop()
+		case <-m.Done():
+		}
+	}()
+	return exitStatus(m.Wait(), stderr)
+}
+
+// standby is the control target of "cube-vmm restore -standby" until its
+// restore op succeeds.
+type standby struct {
+	flags    restoreFlags
+	stdout   io.Writer
+	log      *logrus.Logger
+	srvReady chan struct{} // closed once srv is set
+	srv      *control.Server
+	stopped  chan struct{} // closed by the stop op
+	stopOnce sync.Once
+	ready    chan *restored // the restored, running VM
+
+	mu       sync.Mutex // serializes restore ops
+	prepared *machine.PreparedVM
+	done     bool
+}
+
+func (s *standby) Pause() error  { return errors.New("pause: standby, no VM yet (restore first)") }
+func (s *standby) Resume() error { return errors.New("resume: standby, no VM yet (restore first)") }
+func (s *standby) Stop()         { s.stopOnce.Do(func() { close(s.stopped) }) }
+func (s *standby) InfoJSON() (json.RawMessage, error) {
+	return json.Marshal(map[string]string{"state": "standby"})
+}
+
+// Restore restores dir into the prepared VM, starts it and hands the socket
+// over to it; on failure the standby prepares a new VM and keeps waiting.
+func (s *standby) Restore(dir string, paused bool) (json.RawMessage, error) {
+	<-s.srvReady
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done {
+		return nil, errors.New("restore: already restored")
+	}
+	select {
+	case <-s.stopped:
+		return nil, errors.New("restore: the standby VMM is stopping")
+	default:
+	}
+	t0 := time.Now()
+	prep := s.prepared
+	s.prepared = nil
+	if prep == nil {
+		var err error
+		if prep, err = machine.PrepareVM(machine.Config{KVMDevice: s.flags.kvm, Log: logrus.NewEntry(s.log)}); err != nil {
+			return nil, fmt.Errorf("restore: %w", err)
+		}
+	}
+	r, err := restoreVM(dir, s.flags, prep, s.stdout, s.log)
+	if err == nil {
+		if err = r.m.StartRestored(paused); err != nil {
+			r.close()
+		}
+	}
+	if err != nil {
+		// prep was consumed; make the next one now, off the next op's path.
+		if p, perr := machine.PrepareVM(machine.Config{KVMDevice: s.flags.kvm, Log: logrus.NewEntry(s.log)}); perr == nil {
+			s.prepared = p
+		} else {
+			s.log.WithError(perr).Warn("standby: cannot prepare another VM; the next restore op tries again")
+		}
+		s.log.WithError(err).WithField("dir", dir).Error("standby: restore failed; still waiting")
+		return nil, fmt.Errorf("restore %s: %w", dir, err)
+	}
+	s.done = true
+	s.srv.SetTarget(newTarget(r.m, r.cfg, func() (checkpoint.Components, error) { return r.comps, nil }))
+	took := time.Since(t0)
+	s.log.WithFields(logrus.Fields{"dir": dir, "took": took, "paused": paused}).Info("standby: restored and running")
+	s.ready <- r
+	return json.Marshal(struct {
+		Dir    string  `json:"dir"`
+		TookMS float64 `json:"took_ms"`
+		Paused bool    `json:"paused"`
+	}{dir, ms(took), paused})
+}
+
+// runStandby is "cube-vmm restore -standby".
+func runStandby(f restoreFlags, stdout, stderr io.Writer, log *logrus.Logger) int {
+	lvl := f.logLevel
+	if lvl == "" {
+		lvl = "info"
+	}
+	l, err := logrus.ParseLevel(lvl)
+	if err != nil {
+		fmt.Fprintf(stderr, "cube-vmm restore: log level: %v\n", err)
+		return ExitUsage
+	}
+	log.SetLevel(l)
+	prep, err := machine.PrepareVM(machine.Config{KVMDevice: f.kvm, Log: logrus.NewEntry(log)})
+	if err != nil {
+		fmt.Fprintf(stderr, "cube-vmm restore: standby: %v\n", err)
+		return ExitFailure
+	}
+	s := &standby{flags: f, stdout: stdout, log: log, srvReady: make(chan struct{}), stopped: make(chan struct{}),
+		ready: make(chan *restored, 1), prepared: prep}
+	defer func() {
+		s.mu.Lock()
+		if s.prepared != nil {
+			s.prepared.Close()
+		}
+		s.mu.Unlock()
+	}()
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	srv, err := control.Listen(f.control, s)
+	if err != nil {
+		fmt.Fprintf(stderr, "cube-vmm restore: %v\n", err)
+		return ExitFailure
+	}
+	defer func() {
+		srv.Close()
+		os.Remove(f.control)
+	}()
+	s.srv = srv
+	close(s.srvReady)
+	log.WithField("control", f.control).Info("standby: VM prepared, waiting for a restore op")
+	var r *restored
+	select {
+	case r = <-s.ready:
+	case <-s.stopped:
+	case sig := <-sigs:
+		log.WithField("signal", sig).Info("standby: stopping")
+	}
+	if r == nil {
+		// A restore op may be running: wait for it, then see what it left.
+		s.Stop()
+		s.mu.Lock()
+		s.mu.Unlock()
+		select {
+		case r = <-s.ready:
+			r.m.Stop()
+		default:
+			return ExitStopped
+		}
+	}
+	defer r.close()
+	return waitVM(r.m, sigs, log, stderr)
+}
