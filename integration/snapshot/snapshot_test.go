@@ -498,6 +498,35 @@ func TestRollbackAndRestore(t *testing.T) {
 		t.Errorf("restored cube-vmm exit %d after stop, want 12", st)
 	}
 	s.ctl.Close()
+	if err := os.Remove(disk); err != nil {
+		t.Fatal(err)
+	}
+
+	// The same snapshot into a standby cube-vmm started ahead of time (its KVM VM already made): the restore
+	// op on its control socket, which then controls the restored VM.
+	s.vmm = vmmrun.Start(t, cubeVMM, "restore", "-standby", "-control", s.ctlSock, "-log-level", "info")
+	s.dialControl()
+	var info struct{ State string }
+	if err := s.ctl.Info(&info); err != nil || info.State != "standby" {
+		t.Fatalf("standby cube-vmm info: %q %v", info.State, err)
+	}
+	start = time.Now()
+	s.controlOp("standby restore", func() (json.RawMessage, error) { return s.ctl.Restore(snap, false) })
+	s.connect(time.Minute)
+	t.Logf("standby restore: restore op to the agent answering: %v", time.Since(start))
+	s.afterRestore("standby restore", atSnap)
+	if got := s.read(); got != saved {
+		t.Fatalf("after the standby restore %+v, snapshot had %+v", got, saved)
+	}
+	s.fileGone(marker)
+	s.hold(false)
+	s.waitAdvance(saved.Counter)
+	t.Logf("restored into a standby process: %+v, advancing", saved)
+	s.ctl.Stop()
+	if st := s.vmm.Wait(t, time.Minute); st != 12 {
+		t.Errorf("standby-restored cube-vmm exit %d after stop, want 12", st)
+	}
+	s.ctl.Close()
 	s.tc.Close()
 
 	// Nothing the test made remains: no cube-vmm, no socket; the snapshots and the restored disk copy are
