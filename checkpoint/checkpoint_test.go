@@ -222,6 +222,70 @@ func TestDiffAndRuns(t *testing.T) {
 	}
 }
 
+// TestRewritePages: a file written from memory that then changed is brought
+// up to date by rewriting the dirty pages: changed pages get their new
+// contents, pages that became zero read as zero (punched or written), pages
+// not marked dirty are left alone, and the file keeps its size.
+func TestRewritePages(t *testing.T) {
+	const pages = 200 // crosses bitmap words and the region boundary
+	mem := make([]byte, pages*PageSize)
+	for p := range pages {
+		if p%7 != 0 { // some pages stay zero from the start
+			mem[p*PageSize] = byte(p + 1)
+			mem[p*PageSize+PageSize-1] = 0xee
+		}
+	}
+	regions := func() [][]byte { return [][]byte{mem[:96*PageSize], mem[96*PageSize:]} }
+	f, err := os.Create(filepath.Join(t.TempDir(), "mem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := WriteFull(f, regions()); err != nil {
+		t.Fatal(err)
+	}
+	// The memory changes: some pages get new data, some become zero, some
+	// zero pages get data; all of those are marked dirty. Page 150 changes
+	// but is not marked: it must keep its old contents in the file.
+	dirty := make([]uint64, (pages+63)/64)
+	mark := func(p int) { dirty[p/64] |= 1 << (p % 64) }
+	for _, p := range []int{1, 2, 3, 63, 64, 65, 95, 96, 97, 130, 199} {
+		clear(mem[p*PageSize : (p+1)*PageSize])
+		mark(p)
+	}
+	for _, p := range []int{0, 5, 7, 14, 100, 101, 102, 198} {
+		for i := range PageSize {
+			mem[p*PageSize+i] = byte(p ^ i)
+		}
+		mark(p)
+	}
+	for _, p := range []int{40, 41} { // dirty but unchanged
+		mark(p)
+	}
+	stale := mem[150*PageSize]
+	mem[150*PageSize] = 0x55
+	n, err := RewritePages(f, regions(), dirty)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(10 * PageSize); n != want {
+		t.Errorf("RewritePages wrote %d bytes, want %d (the non-zero dirty pages)", n, want)
+	}
+	got := make([]byte, len(mem))
+	if _, err := f.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	mem[150*PageSize] = stale
+	for p := range pages {
+		if !bytes.Equal(got[p*PageSize:(p+1)*PageSize], mem[p*PageSize:(p+1)*PageSize]) {
+			t.Errorf("page %d differs from memory", p)
+		}
+	}
+	if fi, _ := f.Stat(); fi.Size() != int64(len(mem)) {
+		t.Errorf("file is %d bytes, want %d", fi.Size(), len(mem))
+	}
+}
+
 func edit(t *testing.T, p, from, to string) {
 	t.Helper()
 	b, err := os.ReadFile(p)

@@ -2,8 +2,11 @@ package checkpoint
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
+
+	"golang.org/x/sys/unix"
 )
 
 // PageSize is the memory layer granule.
@@ -52,6 +55,79 @@ func WriteDiff(f *os.File, regions [][]byte, dirty []uint64) (written int64, err
 		return written, fmt.Errorf("memory file: %w", err)
 	}
 	return written, nil
+}
+
+// RewritePages brings a memory file written earlier (a pre-copy of memory
+// that kept changing) up to date: every page set in dirty is written again
+// at its offset. A dirty page that is all zero now is punched out of the
+// file (where the filesystem cannot punch holes, zeros are written): the
+// file may hold that page's older, non-zero contents, and a full layer is
+// read whole. Pages not set in dirty are left as they are. It returns the
+// bytes of non-zero pages written.
+func RewritePages(f *os.File, regions [][]byte, dirty []uint64) (written int64, err error) {
+	var base int64 // global page number of the region's first page
+	for _, r := range regions {
+		pages := (int64(len(r)) + PageSize - 1) / PageSize
+		for p := int64(0); p < pages; {
+			g := base + p
+			if g/64 >= int64(len(dirty)) {
+				return written, nil
+			}
+			if dirty[g/64]&(1<<(g%64)) == 0 {
+				p++
+				continue
+			}
+			// A run of dirty pages that are all zero, or all not.
+			zero := isZero(r[p*PageSize : min((p+1)*PageSize, int64(len(r)))])
+			e := p + 1
+			for e < pages && e-p < 2048 {
+				ge := base + e
+				if ge/64 >= int64(len(dirty)) || dirty[ge/64]&(1<<(ge%64)) == 0 ||
+					isZero(r[e*PageSize:min((e+1)*PageSize, int64(len(r)))]) != zero {
+					break
+				}
+				e++
+			}
+			lo, hi := p*PageSize, min(e*PageSize, int64(len(r)))
+			off := base*PageSize + lo
+			if zero {
+				if err := zeroRange(f, off, hi-lo); err != nil {
+					return written, err
+				}
+			} else {
+				if _, err := f.WriteAt(r[lo:hi], off); err != nil {
+					return written, fmt.Errorf("memory file: %w", err)
+				}
+				written += hi - lo
+			}
+			p = e
+		}
+		base += pages
+	}
+	return written, nil
+}
+
+// zeroPage is what zeroRange writes where holes cannot be punched.
+var zeroPage [PageSize]byte
+
+// zeroRange makes [off, off+n) of f read as zero: a hole if the
+// filesystem can punch one, else written zeros.
+func zeroRange(f *os.File, off, n int64) error {
+	err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.ENOSYS) {
+		return fmt.Errorf("memory file: punch hole: %w", err)
+	}
+	for end := off + n; off < end; {
+		c := min(end-off, PageSize)
+		if _, err := f.WriteAt(zeroPage[:c], off); err != nil {
+			return fmt.Errorf("memory file: %w", err)
+		}
+		off += c
+	}
+	return nil
 }
 
 // writePages writes runs of pages of r at base+offset; include (nil: all)

@@ -37,9 +37,22 @@ func (m *Machine) enableDirtyLogLocked() error {
 }
 
 // takeDirtyLocked returns the pages written since the last call (KVM's
-// log OR the VMM's record), one bit per page over the regions back to
-// back, and clears both records. Without logging it only clears.
+// log OR the VMM's record, OR what a pre-copy set aside in pending), one
+// bit per page over the regions back to back, and clears all three.
+// Without logging it only clears.
 func (m *Machine) takeDirtyLocked() ([]uint64, error) {
+	out, err := m.collectDirtyLocked()
+	if err != nil {
+		return nil, err
+	}
+	out = orBitmap(out, m.snap.pending)
+	m.snap.pending = nil
+	return out, nil
+}
+
+// collectDirtyLocked is takeDirtyLocked without pending: the pages
+// written since the record was last cleared, by anyone.
+func (m *Machine) collectDirtyLocked() ([]uint64, error) {
 	var out []uint64
 	for i, r := range m.mem.Regions() {
 		vmm := r.TakeDirty()

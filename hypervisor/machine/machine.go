@@ -164,7 +164,12 @@ type Machine struct {
 	// ctl serializes Pause/Resume/Stop. mu guards the fields below and is
 	// never held while waiting for vCPUs: a vCPU thread may need it (via
 	// finish) before it can park.
-	ctl     sync.Mutex
+	ctl sync.Mutex
+	// snapMu serializes Snapshot and Rollback with each other and with
+	// Close's unmapping of guest memory: a snapshot's pre-copy reads guest
+	// memory and depends on the dirty record without holding ctl. Taken
+	// before ctl.
+	snapMu  sync.Mutex
 	mu      sync.Mutex
 	state   State
 	exit    *Exit
@@ -707,6 +712,10 @@ func (m *Machine) Close() error {
 	if st == Running || st == Paused {
 		m.Stop()
 	}
+	// A snapshot's pre-copy may still be reading guest memory (it then
+	// fails at its freeze: the machine is stopped).
+	m.snapMu.Lock()
+	defer m.snapMu.Unlock()
 	m.release()
 	return nil
 }

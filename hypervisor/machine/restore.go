@@ -257,6 +257,10 @@ const (
 // rather than dropped and the old state kept, so a failure puts the VM
 // back as it was. Components are the caller's to check.
 func (m *Machine) Rollback(snap *checkpoint.Snapshot) (st RollbackStats, err error) {
+	// Not during a snapshot's pre-copy: it reads the memory swapMemory
+	// moves, and relies on the dirty record this clears.
+	m.snapMu.Lock()
+	defer m.snapMu.Unlock()
 	t0 := time.Now()
 	defer func() {
 		if err != nil {

@@ -26,6 +26,11 @@ import (
 // vCPUs park → virtio transports pause (no device writes guest memory) →
 // vCPU, VM and device state → guest memory → disk copies → transports and
 // vCPUs resume. fsync and the rename into place happen after the resume.
+//
+// A full snapshot of a running VM first pre-copies: with the dirty record
+// cleared, all guest memory is written while the VM runs; then, in the
+// freeze window, only the pages written meanwhile are written again (see
+// precopy).
 
 // StateVersion is the version of VMState (the state file's payload).
 const StateVersion = 1
@@ -87,6 +92,11 @@ type snapState struct {
 	// parentState: sha256 of the parent's state payload, telling that
 	// snapshot apart from another later written at the same path.
 	parentState [32]byte
+	// pending: pages dirtied since parent whose record a pre-copy took
+	// out of KVM's log and the VMM's bitmap (nil: none). takeDirtyLocked
+	// adds them back, so a pre-copy never loses what an incremental
+	// snapshot over parent needs.
+	pending []uint64
 	// fileBacked: guest memory is (partly) mapped from snapshot files
 	// (after a restore or rollback), not only anonymous memory.
 	fileBacked bool
@@ -149,14 +159,22 @@ type SnapshotOptions struct {
 type SnapshotStats struct {
 	Frozen      time.Duration // vCPUs parked
 	Total       time.Duration
-	MemoryBytes int64 // bytes of memory written (zero pages are holes)
-	DiskBytes   int64
-	Reflinked   bool // every writable disk was reflinked
+	Precopy     time.Duration // the pre-copy pass, VM running (0: none)
+	MemoryBytes int64         // bytes of memory written (zero pages are holes), pre-copy included
+	// RecopiedBytes: of MemoryBytes, those written again in the freeze
+	// window after a pre-copy (the pages the VM dirtied meanwhile).
+	RecopiedBytes int64
+	DiskBytes     int64
+	Reflinked     bool // every writable disk was reflinked
 }
 
 // Snapshot writes the VM into dir (which must not exist). A running VM
 // is paused for the freeze window and resumed; a paused one stays paused.
 func (m *Machine) Snapshot(dir string, opt SnapshotOptions) (st SnapshotStats, err error) {
+	// snapMu for the whole snapshot: the pre-copy reads guest memory and
+	// relies on the dirty record without m.ctl held (see precopy).
+	m.snapMu.Lock()
+	defer m.snapMu.Unlock()
 	t0 := time.Now()
 	shape, err := m.Shape()
 	if err != nil {
@@ -188,6 +206,23 @@ func (m *Machine) Snapshot(dir string, opt SnapshotOptions) (st SnapshotStats, e
 	}
 	defer memFile.Close()
 
+	precopied := false
+	if !opt.Incremental {
+		tp := time.Now()
+		var n int64
+		if n, precopied, err = m.precopy(memFile); err != nil {
+			return st, fmt.Errorf("snapshot: %w", err)
+		}
+		if precopied {
+			st.Precopy, st.MemoryBytes = time.Since(tp), n
+		}
+	}
+	if testHookPrecopied != nil {
+		if err := testHookPrecopied(); err != nil {
+			return st, fmt.Errorf("snapshot: %w", err)
+		}
+	}
+
 	m.ctl.Lock()
 	wasRunning, err := m.freezeLocked("snapshot")
 	if err != nil {
@@ -218,20 +253,39 @@ func (m *Machine) Snapshot(dir string, opt SnapshotOptions) (st SnapshotStats, e
 		// The next incremental snapshot starts here; if this one fails,
 		// the dirty record is lost, so the parent is forgotten.
 		m.snap.parent = ""
-		dirty, err := m.takeDirtyLocked()
-		if err != nil {
-			return nil, err
-		}
-		if err := m.enableDirtyLogLocked(); err != nil {
-			return nil, err
-		}
-		if opt.Incremental {
-			st.MemoryBytes, err = writeDiffLayer(w, memFile, regions, dirty)
+		if precopied {
+			// Exactly the pages written since the pre-copy cleared the
+			// record (the pending ones were read by the pre-copy).
+			m.snap.pending = nil
+			dirty, err := m.collectDirtyLocked()
+			if err != nil {
+				return nil, err
+			}
+			n, err := checkpoint.RewritePages(memFile, regions, dirty)
+			st.MemoryBytes += n
+			st.RecopiedBytes = n
+			if err != nil {
+				return nil, err
+			}
 		} else {
-			st.MemoryBytes, err = m.writeFull(memFile, regions)
+			dirty, err := m.takeDirtyLocked()
+			if err != nil {
+				return nil, err
+			}
+			if err := m.enableDirtyLogLocked(); err != nil {
+				return nil, err
+			}
+			if opt.Incremental {
+				st.MemoryBytes, err = writeDiffLayer(w, memFile, regions, dirty)
+			} else {
+				st.MemoryBytes, err = m.writeFull(memFile, regions, m.snap.fileBacked)
+			}
+			if err != nil {
+				return nil, err
+			}
 		}
-		if err != nil {
-			return nil, err
+		if testHookFrozen != nil {
+			testHookFrozen()
 		}
 		st.Reflinked = true
 		for i, d := range shape.Disks {
@@ -271,8 +325,8 @@ func (m *Machine) Snapshot(dir string, opt SnapshotOptions) (st SnapshotStats, e
 		m.ctl.Unlock()
 	}
 	st.Total = time.Since(t0)
-	m.log.WithFields(logrus.Fields{"dir": dir, "frozen": st.Frozen, "total": st.Total, "memory_bytes": st.MemoryBytes,
-		"reflinked": st.Reflinked}).Info("snapshot written")
+	m.log.WithFields(logrus.Fields{"dir": dir, "frozen": st.Frozen, "total": st.Total, "precopy": st.Precopy,
+		"memory_bytes": st.MemoryBytes, "recopied_bytes": st.RecopiedBytes, "reflinked": st.Reflinked}).Info("snapshot written")
 	return st, nil
 }
 
@@ -281,8 +335,8 @@ func (m *Machine) Snapshot(dir string, opt SnapshotOptions) (st SnapshotStats, e
 // only: the others were never written and read as zero, and scanning them to
 // find that out would fault every one of them in. File-backed memory is
 // scanned whole (its unfaulted pages hold the file's data).
-func (m *Machine) writeFull(f *os.File, regions [][]byte) (int64, error) {
-	if !m.snap.fileBacked {
+func (m *Machine) writeFull(f *os.File, regions [][]byte, fileBacked bool) (int64, error) {
+	if !fileBacked {
 		var pop []uint64
 		for _, r := range regions {
 			// Regions are whole MiB: each one's bits fill whole words.
@@ -296,6 +350,99 @@ func (m *Machine) writeFull(f *os.File, regions [][]byte) (int64, error) {
 		return checkpoint.WriteDiff(f, regions, pop)
 	}
 	return checkpoint.WriteFull(f, regions)
+}
+
+// precopy writes all guest memory into f (as writeFull: the same pages)
+// while a running VM keeps running, so that the freeze window only has to
+// write the pages dirtied meanwhile. It returns ok false, with f empty, when
+// the snapshot must take the frozen path instead (the VM is not running, or
+// the pre-copy failed); err only when f could not be emptied again.
+//
+// Why the result is exact. Ordering, all of it load-bearing:
+//  1. With m.ctl held: dirty logging on, then the dirty record (KVM's log
+//     and the VMM's device-write bitmap) taken and cleared. From here on
+//     every page the guest or a device writes is in the record: KVM marks
+//     a page before the guest's store lands, the memory package marks it
+//     after the device's copy, and either way the mark is taken at the
+//     freeze at the latest.
+//  2. Without m.ctl: every page is read and written to f. A page read
+//     while it changes may be torn; it is then in the record.
+//  3. Frozen (vCPUs parked, transports paused, so nothing writes): the
+//     record is taken and exactly its pages are written again, zero ones
+//     punched (RewritePages), because f may hold their older contents.
+//
+// A page not in the final record was not written after step 1 began, so
+// step 2 read its final contents. Nothing else may take the record between
+// 1 and 3: Snapshot and Rollback hold m.snapMu throughout, and so does
+// Close before it unmaps guest memory; Pause, Resume, Stop and SetDisk only
+// take m.ctl and still work during the pre-copy (a VM paused meanwhile is
+// simply not running at the freeze; a stopped one fails the freeze).
+//
+// Step 1 clears the record an incremental snapshot over the current parent
+// needs; it is kept in m.snap.pending, which takeDirtyLocked adds back, so
+// the parent stays valid if this snapshot fails after the pre-copy.
+func (m *Machine) precopy(f *os.File) (n int64, ok bool, err error) {
+	m.ctl.Lock()
+	if m.State() != Running {
+		m.ctl.Unlock()
+		return 0, false, nil
+	}
+	if err := m.enableDirtyLogLocked(); err != nil {
+		m.ctl.Unlock()
+		m.log.WithError(err).Warn("snapshot: no pre-copy")
+		return 0, false, nil
+	}
+	dirty, err := m.collectDirtyLocked()
+	if err != nil {
+		// Part of the record may already be cleared: the parent's
+		// incremental chain cannot be trusted any more.
+		m.snap.parent, m.snap.pending = "", nil
+		m.ctl.Unlock()
+		m.log.WithError(err).Warn("snapshot: no pre-copy")
+		return 0, false, nil
+	}
+	if m.snap.parent != "" {
+		m.snap.pending = orBitmap(m.snap.pending, dirty)
+	} else {
+		m.snap.pending = nil
+	}
+	fileBacked := m.snap.fileBacked
+	var regions [][]byte
+	for _, r := range m.mem.Regions() {
+		regions = append(regions, r.Host)
+	}
+	m.ctl.Unlock()
+
+	n, err = m.writeFull(f, regions, fileBacked)
+	if err == nil {
+		return n, true, nil
+	}
+	m.log.WithError(err).Warn("snapshot: pre-copy failed, writing memory while frozen")
+	// The frozen path writes only non-zero pages over the file: whatever
+	// the pre-copy left must go first.
+	if terr := f.Truncate(0); terr != nil {
+		return 0, false, fmt.Errorf("pre-copy failed (%v), and emptying the memory file: %w", err, terr)
+	}
+	return 0, false, nil
+}
+
+// Test hooks, nil outside tests: between the pre-copy and the freeze (an
+// error fails the snapshot there), and in the freeze window once memory is
+// written.
+var (
+	testHookPrecopied func() error
+	testHookFrozen    func()
+)
+
+// orBitmap ORs b into a (which may be nil) and returns it.
+func orBitmap(a, b []uint64) []uint64 {
+	if a == nil {
+		return b
+	}
+	for i := range min(len(a), len(b)) {
+		a[i] |= b[i]
+	}
+	return a
 }
 
 // freezeLocked parks the vCPUs and pauses the transports; m.ctl is held.

@@ -101,12 +101,16 @@ func (t *snapTarget) SetDisk(serial, path string) (json.RawMessage, error) {
 
 // Figures reported by the snapshot and rollback ops, in milliseconds.
 type snapshotResult struct {
-	Dir         string  `json:"dir"`
-	FrozenMS    float64 `json:"frozen_ms"`
-	TotalMS     float64 `json:"total_ms"`
-	MemoryBytes int64   `json:"memory_bytes"`
-	DiskBytes   int64   `json:"disk_bytes"`
-	Reflinked   bool    `json:"reflinked"`
+	Dir       string  `json:"dir"`
+	FrozenMS  float64 `json:"frozen_ms"`
+	TotalMS   float64 `json:"total_ms"`
+	PrecopyMS float64 `json:"precopy_ms"` // 0: no pre-copy (paused VM, incremental snapshot)
+	// MemoryBytes counts the pre-copy and the pages written again while
+	// frozen (RecopiedBytes).
+	MemoryBytes   int64 `json:"memory_bytes"`
+	RecopiedBytes int64 `json:"recopied_bytes"`
+	DiskBytes     int64 `json:"disk_bytes"`
+	Reflinked     bool  `json:"reflinked"`
 }
 
 type rollbackResult struct {
@@ -137,8 +141,8 @@ func (t *snapTarget) Snapshot(dir string, incremental bool) (json.RawMessage, er
 	if err != nil {
 		return nil, err
 	}
-	return json.Marshal(snapshotResult{Dir: dir, FrozenMS: ms(st.Frozen), TotalMS: ms(st.Total),
-		MemoryBytes: st.MemoryBytes, DiskBytes: st.DiskBytes, Reflinked: st.Reflinked})
+	return json.Marshal(snapshotResult{Dir: dir, FrozenMS: ms(st.Frozen), TotalMS: ms(st.Total), PrecopyMS: ms(st.Precopy),
+		MemoryBytes: st.MemoryBytes, RecopiedBytes: st.RecopiedBytes, DiskBytes: st.DiskBytes, Reflinked: st.Reflinked})
 }
 
 func (t *snapTarget) Rollback(dir string) (json.RawMessage, error) {

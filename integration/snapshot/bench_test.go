@@ -193,10 +193,12 @@ func (v *cubeVM) stop(tb testing.TB) {
 }
 
 type snapResult struct {
-	FrozenMS    float64 `json:"frozen_ms"`
-	TotalMS     float64 `json:"total_ms"`
-	PrepareMS   float64 `json:"prepare_ms"`
-	MemoryBytes int64   `json:"memory_bytes"`
+	FrozenMS      float64 `json:"frozen_ms"`
+	TotalMS       float64 `json:"total_ms"`
+	PrepareMS     float64 `json:"prepare_ms"`
+	PrecopyMS     float64 `json:"precopy_ms"`
+	MemoryBytes   int64   `json:"memory_bytes"`
+	RecopiedBytes int64   `json:"recopied_bytes"`
 }
 
 func (v *cubeVM) snapshot(tb testing.TB, dir string, incremental bool) (time.Duration, snapResult) {
@@ -373,18 +375,21 @@ func bootQEMU(tb testing.TB, dir string, memMiB, randMiB int) *qemuVM {
 	return &qemuVM{p: p, q: q}
 }
 
-// save migrates the running VM to file and returns the time from the migrate command to "completed"; the VM
-// is then continued (untimed).
-func (v *qemuVM) save(tb testing.TB, file string) time.Duration {
+// save migrates the running VM to file and returns the time from the migrate command to "completed" and
+// QEMU's own downtime figure (the VM stopped); the VM is then continued (untimed).
+func (v *qemuVM) save(tb testing.TB, file string) (time.Duration, time.Duration) {
 	tb.Helper()
 	t0 := time.Now()
 	v.q.do(tb, "migrate", map[string]any{"uri": "file:" + file})
+	var downtime time.Duration
 	for {
 		var m struct {
-			Status string `json:"status"`
+			Status   string `json:"status"`
+			Downtime int64  `json:"downtime"` // ms
 		}
 		json.Unmarshal(v.q.do(tb, "query-migrate", nil), &m)
 		if m.Status == "completed" {
+			downtime = time.Duration(m.Downtime) * time.Millisecond
 			break
 		}
 		if m.Status == "failed" || m.Status == "cancelled" {
@@ -394,7 +399,7 @@ func (v *qemuVM) save(tb testing.TB, file string) time.Duration {
 	}
 	d := time.Since(t0)
 	v.q.do(tb, "cont", nil)
-	return d
+	return d, downtime
 }
 
 func (v *qemuVM) stop(tb testing.TB) {
@@ -468,10 +473,11 @@ func BenchmarkVsQEMU(b *testing.B) {
 	for b.Loop() {
 		// QEMU: save (migrate to file, the VM continues after each) and load (-incoming, launch to running).
 		qv := bootQEMU(b, dir, memMiB, randMiB)
-		var qsave, qload series
+		var qsave, qdown, qload series
 		for i := range benchRuns {
 			f := filepath.Join(dir, fmt.Sprintf("qemu-%d.mig", i))
-			qsave = append(qsave, qv.save(b, f))
+			d, down := qv.save(b, f)
+			qsave, qdown = append(qsave, d), append(qdown, down)
 			if i > 0 {
 				os.Remove(f)
 			}
@@ -486,12 +492,13 @@ func BenchmarkVsQEMU(b *testing.B) {
 
 		// cube-vmm: full snapshots of the running VM, rollbacks to the first, restores from it.
 		cv := bootCube(b, dir, memMiB, randMiB)
-		var csnap, cfrozen, croll, crollFrozen, crestore series
-		var memBytes int64
+		var csnap, cfrozen, cprecopy, croll, crollFrozen, crestore series
+		var memBytes, recopied int64
 		for i := range benchRuns {
 			d, r := cv.snapshot(b, filepath.Join(dir, fmt.Sprintf("cube-%d", i)), false)
 			csnap, cfrozen = append(csnap, d), append(cfrozen, time.Duration(r.FrozenMS*float64(time.Millisecond)))
-			memBytes = r.MemoryBytes
+			cprecopy = append(cprecopy, time.Duration(r.PrecopyMS*float64(time.Millisecond)))
+			memBytes, recopied = r.MemoryBytes, r.RecopiedBytes
 			if i > 0 {
 				os.RemoveAll(filepath.Join(dir, fmt.Sprintf("cube-%d", i)))
 			}
@@ -523,11 +530,13 @@ func BenchmarkVsQEMU(b *testing.B) {
 		report(b, "\n256 MiB guest, 64 MiB random data, 1 vCPU, nested KVM in the test host; median of %d\n", benchRuns)
 		report(b, "| operation | cube-vmm | QEMU | ratio (goal ≤ 0.1×) |\n|---|---|---|---|\n")
 		report(b, "| snapshot (cube: control op; QEMU: migrate file: → completed) | %s | %s | %s |\n", csnap, qsave, ratio(csnap.median(), qsave.median()))
+		report(b, "| snapshot, vCPUs frozen (cube: frozen_ms; QEMU: migration downtime) | %s | %s | %s |\n", cfrozen, qdown, ratio(cfrozen.median(), qdown.median()))
+		report(b, "| snapshot, vCPUs frozen (vs QEMU save) | %s | %s | %s |\n", cfrozen, qsave, ratio(cfrozen.median(), qsave.median()))
 		report(b, "| incremental snapshot of the idle guest (vs QEMU save) | %s | %s | %s |\n", cinc, qsave, ratio(cinc.median(), qsave.median()))
 		report(b, "| rollback in place (cube: control op; vs QEMU load) | %s | %s | %s |\n", croll, qload, ratio(croll.median(), qload.median()))
 		report(b, "| restore, launch → running (QEMU: -incoming file:) | %s | %s | %s |\n", crestore, qload, ratio(crestore.median(), qload.median()))
-		report(b, "cube snapshot: vCPUs frozen %s, memory written %d MiB; rollback: frozen %s; QEMU file %d MiB\n",
-			cfrozen, memBytes>>20, crollFrozen, fi.Size()>>20)
+		report(b, "cube snapshot: pre-copy (running) %s, vCPUs frozen %s, memory written %d MiB of which %.1f MiB again while frozen; rollback: frozen %s; QEMU file %d MiB\n",
+			cprecopy, cfrozen, memBytes>>20, float64(recopied)/(1<<20), crollFrozen, fi.Size()>>20)
 		report(b, "process launch alone (exec → exit, no VM): cube-vmm %s, QEMU %s\n", cubeNop, qemuNop)
 		var took []string
 		for _, l := range strings.Split(restoreLog, "\n") {
@@ -537,7 +546,9 @@ func BenchmarkVsQEMU(b *testing.B) {
 		}
 		report(b, "one restore, cube-vmm's own log (took = since its flags were parsed):\n  %s\n", strings.Join(took, "\n  "))
 		b.ReportMetric(ms(csnap.median()), "cube-snapshot-ms")
+		b.ReportMetric(ms(cfrozen.median()), "cube-snapshot-frozen-ms")
 		b.ReportMetric(ms(qsave.median()), "qemu-save-ms")
+		b.ReportMetric(ms(qdown.median()), "qemu-save-downtime-ms")
 		b.ReportMetric(ms(croll.median()), "cube-rollback-ms")
 		b.ReportMetric(ms(crestore.median()), "cube-restore-ms")
 		b.ReportMetric(ms(qload.median()), "qemu-load-ms")
