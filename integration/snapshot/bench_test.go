@@ -199,6 +199,8 @@ type snapResult struct {
 	PrecopyMS     float64 `json:"precopy_ms"`
 	MemoryBytes   int64   `json:"memory_bytes"`
 	RecopiedBytes int64   `json:"recopied_bytes"`
+	Memory        string  `json:"memory"` // rollback: rewrite-dirty or remap
+	Pages         int64   `json:"pages_rewritten"`
 }
 
 func (v *cubeVM) snapshot(tb testing.TB, dir string, incremental bool) (time.Duration, snapResult) {
@@ -503,11 +505,36 @@ func BenchmarkVsQEMU(b *testing.B) {
 				os.RemoveAll(filepath.Join(dir, fmt.Sprintf("cube-%d", i)))
 			}
 		}
-		snap := filepath.Join(dir, "cube-0")
-		for range benchRuns {
-			d, r := cv.rollback(b, snap)
-			croll, crollFrozen = append(croll, d), append(crollFrozen, time.Duration(r.FrozenMS*float64(time.Millisecond)))
+		// Rollbacks. To the parent after the guest dirtied 16 MiB (only those pages are read back:
+		// rewrite-dirty); then alternating between two snapshots, neither of them the parent (remap).
+		snap, other := filepath.Join(dir, "cube-0"), filepath.Join(dir, "cube-1")
+		if _, err := os.Stat(other); err != nil {
+			cv.snapshot(b, other, false)
 		}
+		cv.rollback(b, snap) // makes cube-0 the parent
+		var crollRemap series
+		var rewritten int64
+		for i := range benchRuns {
+			fmt.Fprintf(cv.p.stdin, "dirty 16 r%d\n", i)
+			cv.p.waitLine(b, fmt.Sprintf("DIRTY-DONE r%d ", i), 5*time.Minute)
+			d, r := cv.rollback(b, snap)
+			if r.Memory != "rewrite-dirty" {
+				b.Fatalf("rollback to the parent: memory %q, want rewrite-dirty", r.Memory)
+			}
+			croll, crollFrozen, rewritten = append(croll, d), append(crollFrozen, time.Duration(r.FrozenMS*float64(time.Millisecond))), r.Pages
+		}
+		for i := range benchRuns {
+			target := other
+			if i%2 == 1 {
+				target = snap
+			}
+			d, r := cv.rollback(b, target)
+			if r.Memory != "remap" {
+				b.Fatalf("rollback to a snapshot other than the parent: memory %q, want remap", r.Memory)
+			}
+			crollRemap = append(crollRemap, d)
+		}
+		os.RemoveAll(other)
 		cv.p.stdin.Write([]byte("ping rolled\n"))
 		cv.p.waitLine(b, "PONG rolled", time.Minute) // the rolled-back guest runs
 		// Incremental snapshots of the idle guest, each over the previous one (a chain beside cube-0).
@@ -523,6 +550,10 @@ func BenchmarkVsQEMU(b *testing.B) {
 		for range benchRuns {
 			crestore = append(crestore, restoreCube(b, dir, snap))
 		}
+		var cstandby series
+		for range benchRuns {
+			cstandby = append(cstandby, restoreStandby(b, dir, snap))
+		}
 		_, restoreLog := restoreCubeLog(b, dir, snap, "-log-level", "info")
 		os.RemoveAll(snap)
 		cubeNop, qemuNop := launchCost(b, cubeVMM, "restore"), launchCost(b, "qemu-system-x86_64", "-version")
@@ -533,10 +564,12 @@ func BenchmarkVsQEMU(b *testing.B) {
 		report(b, "| snapshot, vCPUs frozen (cube: frozen_ms; QEMU: migration downtime) | %s | %s | %s |\n", cfrozen, qdown, ratio(cfrozen.median(), qdown.median()))
 		report(b, "| snapshot, vCPUs frozen (vs QEMU save) | %s | %s | %s |\n", cfrozen, qsave, ratio(cfrozen.median(), qsave.median()))
 		report(b, "| incremental snapshot of the idle guest (vs QEMU save) | %s | %s | %s |\n", cinc, qsave, ratio(cinc.median(), qsave.median()))
-		report(b, "| rollback in place (cube: control op; vs QEMU load) | %s | %s | %s |\n", croll, qload, ratio(croll.median(), qload.median()))
+		report(b, "| rollback in place to the parent, 16 MiB dirtied since (cube: rewrite-dirty; vs QEMU load) | %s | %s | %s |\n", croll, qload, ratio(croll.median(), qload.median()))
+		report(b, "| rollback in place to another snapshot (cube: remap; vs QEMU load) | %s | %s | %s |\n", crollRemap, qload, ratio(crollRemap.median(), qload.median()))
 		report(b, "| restore, launch → running (QEMU: -incoming file:) | %s | %s | %s |\n", crestore, qload, ratio(crestore.median(), qload.median()))
-		report(b, "cube snapshot: pre-copy (running) %s, vCPUs frozen %s, memory written %d MiB of which %.1f MiB again while frozen; rollback: frozen %s; QEMU file %d MiB\n",
-			cprecopy, cfrozen, memBytes>>20, float64(recopied)/(1<<20), crollFrozen, fi.Size()>>20)
+		report(b, "| restore into a standby cube-vmm, restore op → running (vs QEMU launch → running) | %s | %s | %s |\n", cstandby, qload, ratio(cstandby.median(), qload.median()))
+		report(b, "cube snapshot: pre-copy (running) %s, vCPUs frozen %s, memory written %d MiB of which %.1f MiB again while frozen; rollback to the parent: frozen %s, %d pages rewritten; QEMU file %d MiB\n",
+			cprecopy, cfrozen, memBytes>>20, float64(recopied)/(1<<20), crollFrozen, rewritten, fi.Size()>>20)
 		report(b, "process launch alone (exec → exit, no VM): cube-vmm %s, QEMU %s\n", cubeNop, qemuNop)
 		var took []string
 		for _, l := range strings.Split(restoreLog, "\n") {
@@ -550,7 +583,9 @@ func BenchmarkVsQEMU(b *testing.B) {
 		b.ReportMetric(ms(qsave.median()), "qemu-save-ms")
 		b.ReportMetric(ms(qdown.median()), "qemu-save-downtime-ms")
 		b.ReportMetric(ms(croll.median()), "cube-rollback-ms")
+		b.ReportMetric(ms(crollRemap.median()), "cube-rollback-remap-ms")
 		b.ReportMetric(ms(crestore.median()), "cube-restore-ms")
+		b.ReportMetric(ms(cstandby.median()), "cube-restore-standby-ms")
 		b.ReportMetric(ms(qload.median()), "qemu-load-ms")
 	}
 }
