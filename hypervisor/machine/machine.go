@@ -157,6 +157,11 @@ type Machine struct {
 	console *console
 	irqfds  []int
 
+	// steps times Restore and StartRestored (nil otherwise); restoreSteps
+	// is the result once StartRestored returns (guarded by ctl).
+	steps        *Steps
+	restoreSteps string
+
 	// ctl serializes Pause/Resume/Stop. mu guards the fields below and is
 	// never held while waiting for vCPUs: a vCPU thread may need it (via
 	// finish) before it can park.

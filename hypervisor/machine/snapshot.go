@@ -594,11 +594,14 @@ func (m *Machine) applyState(s *VMState, setCPUID bool) error {
 	if err := m.restoreVM(s); err != nil {
 		return err
 	}
+	m.steps.Mark("state.vm")
 	for i, c := range m.cpus {
 		if err := restoreVCPU(c.CPU, &s.VCPUs[i], setCPUID, m.log); err != nil {
 			return fmt.Errorf("vcpu %d: %w", i, err)
 		}
 	}
+	m.steps.Mark("state.vcpus")
 	m.serial.SetState(s.Serial)
+	defer m.steps.Mark("state.devices")
 	return m.restoreDevices(s)
 }
