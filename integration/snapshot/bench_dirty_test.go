@@ -26,14 +26,34 @@ const dirtyRuns = 5
 const dirtyMaxBoots = 3
 
 // BenchmarkSnapshotDirty: incremental snapshot latency against the MiB the guest dirtied since its parent, in
-// a 1 GiB guest (and 16 MiB in a 128 MiB guest); then restore latency of a 128 MiB and a 1 GiB guest.
-//
-// Each cycle: a full snapshot (untimed; it is the parent, and the VM's dirty record starts empty after it) →
-// the guest rewrites n MiB of its tmpfs → the timed incremental snapshot over the parent. No in-place rollback
-// (docs/snapshot.md). Every dirty size gets a freshly booted VM, so no VM runs more than dirtyRuns cycles:
-// the 1 GiB guest died after 20-25 cycles in one VM in earlier runs. Each figure is printed as it comes, so a
-// run that dies half-way (the test host's kernel) still leaves them.
+// a 1 GiB guest (and 16 MiB in a 128 MiB guest): sub-benchmark dirty; restore latency of a 128 MiB and a 1 GiB
+// guest: sub-benchmark restore (-bench BenchmarkSnapshotDirty/restore runs it alone).
 func BenchmarkSnapshotDirty(b *testing.B) {
+	b.Run("dirty", benchDirty)
+	b.Run("restore", benchRestoreSize)
+}
+
+// failures counts the VMs a benchmark lost (left out of its medians) and prints each with its evidence.
+type failures []string
+
+func (f *failures) add(b *testing.B, what string, err error) {
+	*f = append(*f, fmt.Sprintf("%s: %v", what, firstLine(err.Error())))
+	report(b, "FAILED %s: %v\n", what, err)
+}
+
+func (f failures) report(b *testing.B) {
+	report(b, "failures (left out of the medians): %d\n", len(f))
+	for _, s := range f {
+		report(b, "  %s\n", s)
+	}
+}
+
+// benchDirty: each cycle is a full snapshot (untimed; it is the parent, and the VM's dirty record starts empty
+// after it) → the guest rewrites n MiB of its tmpfs → the timed incremental snapshot over the parent. No
+// in-place rollback (docs/snapshot.md). Every dirty size gets a freshly booted VM, so no VM runs more than
+// dirtyRuns cycles: the 1 GiB guest died after 20-25 cycles in one VM in earlier runs. Each figure is printed
+// as it comes, so a run that dies half-way (the test host's kernel) still leaves them.
+func benchDirty(b *testing.B) {
 	dir := benchDir(b)
 	guests := []struct {
 		mem, rand int
@@ -44,15 +64,9 @@ func BenchmarkSnapshotDirty(b *testing.B) {
 		snaps := map[key]series{}
 		frozen := map[key]series{}
 		written := map[key]int64{}
-		restores := map[int]series{}
-		var failures []string
-		fail := func(what string, err error) {
-			failures = append(failures, fmt.Sprintf("%s: %v", what, firstLine(err.Error())))
-			report(b, "FAILED %s: %v\n", what, err)
-		}
+		var failed failures
 		tag := 0
 		for _, g := range guests {
-			restoreSnap := filepath.Join(dir, fmt.Sprintf("restore-%d", g.mem))
 			for _, n := range g.sizes {
 				k := key{g.mem, n}
 				for boot := 1; len(snaps[k]) < dirtyRuns; boot++ {
@@ -63,22 +77,14 @@ func BenchmarkSnapshotDirty(b *testing.B) {
 					report(b, "boot %d MiB guest (%d MiB random) for %d MiB dirtied, VM %d; test host: %s\n", g.mem, g.rand, n, boot, memAvailable())
 					v, err := bootCubeErr(dir, g.mem, g.rand)
 					if err != nil {
-						fail(fmt.Sprintf("boot %d MiB guest", g.mem), err)
+						failed.add(b, fmt.Sprintf("boot %d MiB guest", g.mem), err)
 						continue
-					}
-					if _, err := os.Stat(restoreSnap); err != nil {
-						// The restore figures' snapshot: the guest just after its boot filled its random data.
-						if _, _, err := v.snapshotErr(restoreSnap, false); err != nil {
-							fail(fmt.Sprintf("full snapshot for restore, %d MiB guest", g.mem), err)
-							v.abandon()
-							continue
-						}
 					}
 					for len(snaps[k]) < dirtyRuns {
 						tag++
 						d, r, err := v.dirtyCycle(dir, n, tag)
 						if err != nil {
-							fail(fmt.Sprintf("cycle %d (%d MiB guest, %d MiB dirtied)", tag, g.mem, n), err)
+							failed.add(b, fmt.Sprintf("cycle %d (%d MiB guest, %d MiB dirtied)", tag, g.mem, n), err)
 							break
 						}
 						snaps[k] = append(snaps[k], d)
@@ -92,27 +98,11 @@ func BenchmarkSnapshotDirty(b *testing.B) {
 						continue
 					}
 					if err := v.stopErr(); err != nil {
-						fail(fmt.Sprintf("stop %d MiB guest", g.mem), err)
+						failed.add(b, fmt.Sprintf("stop %d MiB guest", g.mem), err)
 					}
 				}
 			}
-			for i := 0; i < dirtyRuns+dirtyMaxBoots && len(restores[g.mem]) < dirtyRuns; i++ {
-				d, err := restoreCubeErr(dir, restoreSnap)
-				if err != nil {
-					fail(fmt.Sprintf("restore %d of the %d MiB guest", i+1, g.mem), err)
-					continue
-				}
-				restores[g.mem] = append(restores[g.mem], d)
-				report(b, "restore %d: %d MiB guest, launch → running %.1f ms\n", i+1, g.mem, ms(d))
-			}
-			// One more, logged (not in the medians): where a restore's time goes, by cube-vmm's own clock.
-			if d, log, err := restoreCubeErrLog(dir, restoreSnap, "-log-level", "info"); err == nil {
-				report(b, "restore with cube-vmm's log, %d MiB guest: launch → running %.1f ms; took = since its flags were parsed:\n  %s\n",
-					g.mem, ms(d), strings.ReplaceAll(log, "\n", "\n  "))
-			}
-			os.RemoveAll(restoreSnap)
 		}
-
 		report(b, "\ncube-vmm incremental snapshot latency vs memory dirtied since the parent (1 vCPU, median of %d)\n", dirtyRuns)
 		report(b, "| guest | dirtied | incremental snapshot | vCPUs frozen | memory written | vs 1 MiB |\n|---|---|---|---|---|---|\n")
 		for _, g := range guests {
@@ -123,16 +113,69 @@ func BenchmarkSnapshotDirty(b *testing.B) {
 			}
 		}
 		report(b, "1 GiB / 128 MiB guest at 16 MiB dirtied: %s (goal ≤ 2×)\n", ratio(snaps[key{1024, 16}].median(), snaps[key{128, 16}].median()))
-		report(b, "\ncube-vmm restore, launch → running (median of %d)\n| guest | restore |\n|---|---|\n", dirtyRuns)
-		report(b, "| 128 MiB (32 MiB random) | %s |\n| 1 GiB (256 MiB random) | %s |\n", restores[128], restores[1024])
-		report(b, "1 GiB / 128 MiB restore: %s (goal: flat)\n", ratio(restores[1024].median(), restores[128].median()))
-		report(b, "cube-vmm process start (GODEBUG=inittrace=1): %s\n", initCost())
-		report(b, "failures (left out of the medians): %d\n", len(failures))
-		for _, f := range failures {
-			report(b, "  %s\n", f)
-		}
+		failed.report(b)
 		b.ReportMetric(ms(snaps[key{1024, 16}].median()), "snap-1G-16M-ms")
 		b.ReportMetric(ms(snaps[key{128, 16}].median()), "snap-128M-16M-ms")
+	}
+}
+
+// benchRestoreSize: cube-vmm restore (launch → running) of a 128 MiB guest with 32 MiB of random data and of a
+// 1 GiB guest with 256 MiB, each from a full snapshot taken just after its boot; then one more restore of each
+// with cube-vmm's step log, and cube-vmm's package init cost.
+func benchRestoreSize(b *testing.B) {
+	dir := benchDir(b)
+	guests := []struct{ mem, rand int }{{128, 32}, {1024, 256}}
+	for b.Loop() {
+		restores := map[int]series{}
+		var failed failures
+		var logs []string
+		for _, g := range guests {
+			snap := filepath.Join(dir, fmt.Sprintf("restore-%d", g.mem))
+			for boot := 1; ; boot++ {
+				if boot > dirtyMaxBoots {
+					report(b, "%d MiB guest: no snapshot after %d VMs\n", g.mem, dirtyMaxBoots)
+					break
+				}
+				v, err := bootCubeErr(dir, g.mem, g.rand)
+				if err != nil {
+					failed.add(b, fmt.Sprintf("boot %d MiB guest", g.mem), err)
+					continue
+				}
+				_, _, err = v.snapshotErr(snap, false)
+				if err != nil {
+					failed.add(b, fmt.Sprintf("full snapshot of the %d MiB guest", g.mem), err)
+					v.abandon()
+					continue
+				}
+				if err := v.stopErr(); err != nil {
+					failed.add(b, fmt.Sprintf("stop %d MiB guest", g.mem), err)
+				}
+				break
+			}
+			for i := 0; i < benchRuns+dirtyMaxBoots && len(restores[g.mem]) < benchRuns; i++ {
+				d, err := restoreCubeErr(dir, snap)
+				if err != nil {
+					failed.add(b, fmt.Sprintf("restore %d of the %d MiB guest", i+1, g.mem), err)
+					continue
+				}
+				restores[g.mem] = append(restores[g.mem], d)
+				report(b, "restore %d: %d MiB guest, launch → running %.1f ms\n", i+1, g.mem, ms(d))
+			}
+			// One more, logged (not in the medians): where a restore's time goes, by cube-vmm's own clock.
+			if d, log, err := restoreCubeErrLog(dir, snap, true); err == nil {
+				logs = append(logs, fmt.Sprintf("%d MiB guest: launch → running %.1f ms\n  %s", g.mem, ms(d), strings.ReplaceAll(log, "\n", "\n  ")))
+				report(b, "%s\n", logs[len(logs)-1])
+			} else {
+				failed.add(b, fmt.Sprintf("logged restore of the %d MiB guest", g.mem), err)
+			}
+			os.RemoveAll(snap)
+		}
+		report(b, "\ncube-vmm restore, launch → running (1 vCPU, median of %d)\n| guest | restore |\n|---|---|\n", benchRuns)
+		report(b, "| 128 MiB (32 MiB random) | %s |\n| 1 GiB (256 MiB random) | %s |\n", restores[128], restores[1024])
+		report(b, "1 GiB / 128 MiB restore: %s (goal: flat)\n", ratio(restores[1024].median(), restores[128].median()))
+		report(b, "one more restore each with cube-vmm's log (took = since its flags were parsed; steps in ms):\n%s\n", strings.Join(logs, "\n"))
+		report(b, "cube-vmm process start (GODEBUG=inittrace=1): %s\n", initCost())
+		failed.report(b)
 		b.ReportMetric(ms(restores[1024].median()), "restore-1G-ms")
 		b.ReportMetric(ms(restores[128].median()), "restore-128M-ms")
 	}
@@ -333,29 +376,44 @@ func dialControlErr(p *proc, sock string, timeout time.Duration) (*control.Clien
 // restoreCubeErr is restoreCube returning an error: the time from launching cube-vmm restore to its control
 // socket reporting "running"; the VM is then stopped (untimed).
 func restoreCubeErr(dir, snap string) (time.Duration, error) {
-	d, _, err := restoreCubeErrLog(dir, snap)
+	d, _, err := restoreCubeErrLog(dir, snap, false)
 	return d, err
 }
 
-// restoreCubeErrLog is restoreCubeErr with extra flags; it also returns cube-vmm's log lines that say what the
-// restore's steps took.
-func restoreCubeErrLog(dir, snap string, flags ...string) (time.Duration, string, error) {
+// restoreCubeErrLog is restoreCubeErr; with logged, cube-vmm runs with -log-level info and GODEBUG
+// gctrace=1,inittrace=1, and the second result is what says where its time went: its log lines with step
+// times, its garbage collections, and its package initializers' total.
+func restoreCubeErrLog(dir, snap string, logged bool) (time.Duration, string, error) {
 	sock := filepath.Join(dir, "cube-restored.sock")
+	args, env := []string{"restore", "-control", sock, snap}, []string(nil)
+	if logged {
+		args = []string{"restore", "-control", sock, "-log-level", "info", snap}
+		env = []string{"GODEBUG=gctrace=1,inittrace=1"}
+	}
 	t0 := time.Now()
-	p, err := startProcErr(cubeVMM, append(append([]string{"restore", "-control", sock}, flags...), snap)...)
+	p, err := startProcEnv(env, cubeVMM, args...)
 	if err != nil {
 		return 0, "", err
 	}
 	log := func() string {
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		var took []string
+		var out []string
+		n, initMS := 0, 0.0
 		for _, l := range strings.Split(p.errb.String(), "\n") {
-			if strings.Contains(l, "took") {
-				took = append(took, strings.TrimSpace(l))
+			var name string
+			var at, clock float64
+			switch {
+			case strings.Contains(l, "took"), strings.HasPrefix(l, "gc "):
+				out = append(out, strings.TrimSpace(l))
+			case strings.HasPrefix(l, "init "):
+				if k, _ := fmt.Sscanf(l, "init %s @%f ms, %f ms clock", &name, &at, &clock); k == 3 {
+					n++
+					initMS += clock
+				}
 			}
 		}
-		return strings.Join(took, "\n")
+		return strings.Join(append(out, fmt.Sprintf("%d package inits: %.1f ms", n, initMS)), "\n")
 	}
 	defer p.kill()
 	ctl, err := dialControlErr(p, sock, time.Minute)

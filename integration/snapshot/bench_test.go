@@ -72,7 +72,15 @@ func startProc(tb testing.TB, name string, args ...string) *proc {
 
 // startProcErr is startProc without a testing.TB: the caller kills the process.
 func startProcErr(name string, args ...string) (*proc, error) {
+	return startProcEnv(nil, name, args...)
+}
+
+// startProcEnv is startProcErr with env added to the process's environment.
+func startProcEnv(env []string, name string, args ...string) (*proc, error) {
 	p := &proc{cmd: exec.Command(name, args...), done: make(chan struct{})}
+	if env != nil {
+		p.cmd.Env = append(os.Environ(), env...)
+	}
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	p.cmd.Stderr = &lockedBuf{mu: &p.mu, b: &p.errb}
 	var err error
