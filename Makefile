@@ -210,5 +210,6 @@ bench-snapshot:
 fuzz-checkpoint:
 	go test -run '^$$' -fuzz '^FuzzParseManifest$$' -fuzztime $(FUZZTIME) ./checkpoint
 	go test -run '^$$' -fuzz '^FuzzDecodeState$$' -fuzztime $(FUZZTIME) ./checkpoint
+	go test -run '^$$' -fuzz '^FuzzStateCRC$$' -fuzztime $(FUZZTIME) ./checkpoint
 	go test -run '^$$' -fuzz '^FuzzRuns$$' -fuzztime $(FUZZTIME) ./checkpoint
 # <<< snapshot
