@@ -366,9 +366,11 @@ func (m *Machine) createVM() (err error) {
 			return fmt.Errorf("KVM lacks capability %d (needed)", c)
 		}
 	}
+	m.steps.Mark("vm.open")
 	if m.vm, err = m.sys.CreateVM(); err != nil {
 		return err
 	}
+	m.steps.Mark("vm.create")
 	// Intel VMX needs these two regions outside RAM; AMD ignores them.
 	if err := m.vm.SetTSSAddr(tssAddr); err != nil {
 		m.log.WithError(err).Debug("set TSS address")
@@ -380,6 +382,8 @@ func (m *Machine) createVM() (err error) {
 	if err = m.vm.CreateIRQChip(); err != nil {
 		return err
 	}
+	m.steps.Mark("vm.irqchip")
+	defer m.steps.Mark("vm.pit")
 	return m.vm.CreatePIT2(kvm.PITSpeakerDummy)
 }
 

@@ -149,10 +149,9 @@ func Restore(snap *checkpoint.Snapshot, cfg Config, attach func(*Machine) error)
 	}
 	defer layers.close()
 	m.steps.Mark("layers")
-	if err = m.createVM(); err != nil {
+	if err = m.createVM(); err != nil { // marks vm.open, vm.create, vm.irqchip, vm.pit
 		return nil, err
 	}
-	m.steps.Mark("vm")
 	ram := memory.X86Layout(uint64(cfg.MemoryMiB) << 20)
 	if m.mem, err = memory.New(ram, memory.Options{File: layers.files[0], Private: true}); err != nil {
 		return nil, err

@@ -157,7 +157,7 @@ func TestSnapshotRollbackRestore(t *testing.T) {
 		n, _, _ := strings.Cut(f, "=")
 		names = append(names, n)
 	}
-	if got, want := strings.Join(names, " "), "layers vm mmap memslots legacy vcpus attach decode state.vm state.vcpus state.devices kvmclock start resume"; got != want {
+	if got, want := strings.Join(names, " "), "layers vm.open vm.create vm.irqchip vm.pit mmap memslots legacy vcpus attach decode state.vm state.vcpus state.devices kvmclock start resume"; got != want {
 		t.Errorf("RestoreSteps() = %q, want the steps %q", steps, want)
 	}
 	waitCounter(t, r, saved)
