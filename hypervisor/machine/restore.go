@@ -453,7 +453,6 @@ func (m *Machine) swapMemory(l *memLayers) (restore, drop func(), err error) {
 			m.snap.segs[i] = mv.newSegs
 		}
 	}
-	m.steps.Mark("mmap")
 	var fileOff int64
 	for i, r := range m.mem.Regions() {
 		if len(m.snap.segs) <= i {

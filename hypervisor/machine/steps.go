@@ -6,9 +6,10 @@ import (
 	"time"
 )
 
-// Steps times the consecutive steps of one operation (a restore) for its log line: each Mark records the
-// time since the previous one. A nil *Steps does nothing, so code shared with other operations can mark
-// unconditionally.
+// Steps times the consecutive steps of one operation (a restore) for its
+// log line: each Mark records the time since the previous one. A nil
+// *Steps does nothing, so code shared with other operations (New,
+// Rollback) can mark unconditionally.
 type Steps struct {
 	last  time.Time
 	names []string
