@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -255,10 +256,12 @@ func (v *cubeVM) snapshotErr(dir string, incremental bool) (time.Duration, snapR
 	return d, r, nil
 }
 
-// stopErr stops the VM through its control socket; a VM that does not stop is abandoned.
+// stopErr stops the VM through its control socket; a VM that does not stop is abandoned. A stop whose reply
+// is lost (EOF: cube-vmm can close the connection as it exits, before the reply is written) but whose VMM
+// exits counts as stopped.
 func (v *cubeVM) stopErr() error {
 	err := v.ctlDo("stop", v.ctl.Stop)
-	if err == nil {
+	if err == nil || errors.Is(err, io.EOF) {
 		err = v.p.waitExit(time.Minute)
 	}
 	if err != nil {
