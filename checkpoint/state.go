@@ -3,7 +3,6 @@ package checkpoint
 import (
 	"encoding/binary"
 	"fmt"
-	"hash/crc32"
 	"io"
 )
 
@@ -23,8 +22,6 @@ const (
 	MaxStateSize = 64 << 20
 )
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
 // EncodeState frames payload as a state file.
 func EncodeState(payload []byte) ([]byte, error) {
 	if len(payload) > MaxStateSize {
@@ -35,7 +32,7 @@ func EncodeState(payload []byte) ([]byte, error) {
 	binary.LittleEndian.PutUint32(b[8:], StateVersion)
 	binary.LittleEndian.PutUint32(b[12:], uint32(len(payload)))
 	b = append(b, payload...)
-	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli)), nil
+	return binary.LittleEndian.AppendUint32(b, stateCRC(b)), nil
 }
 
 // DecodeState checks a state file and returns its payload.
@@ -60,7 +57,7 @@ func DecodeState(b []byte) ([]byte, error) {
 		return nil, fmt.Errorf("state file has %d trailing bytes: %w", int64(len(b))-int64(stateOverhead)-int64(n), ErrCorrupt)
 	}
 	end := stateHeader + int(n)
-	if got, want := crc32.Checksum(b[:end], castagnoli), binary.LittleEndian.Uint32(b[end:]); got != want {
+	if got, want := stateCRC(b[:end]), binary.LittleEndian.Uint32(b[end:]); got != want {
 		return nil, fmt.Errorf("state file crc %#08x, recorded %#08x: %w", got, want, ErrChecksum)
 	}
 	return b[stateHeader:end], nil

@@ -141,7 +141,15 @@ func (s *Server) serve(c net.Conn) {
 		if err != nil {
 			return
 		}
-		if err := enc.Encode(s.handle(line)); err != nil {
+		resp, after := s.handle(line)
+		err = enc.Encode(resp)
+		if after != nil {
+			// Only now that the reply is written: a stop ends the VMM,
+			// whose Close drops this connection, and a reply still to be
+			// written then is lost (the client saw EOF).
+			go after()
+		}
+		if err != nil {
 			return
 		}
 	}
@@ -155,16 +163,17 @@ func (s *Server) SetTarget(t Target) {
 	s.mu.Unlock()
 }
 
-func (s *Server) handle(line []byte) Response {
+// handle answers one request; after, if not nil, is to run once the
+// answer is written.
+func (s *Server) handle(line []byte) (resp Response, after func()) {
 	var req Request
 	if err := json.Unmarshal(line, &req); err != nil {
-		return Response{Error: fmt.Sprintf("bad request: %v", err)}
+		return Response{Error: fmt.Sprintf("bad request: %v", err)}, nil
 	}
 	s.mu.Lock()
 	target := s.target
 	s.mu.Unlock()
 	var err error
-	resp := Response{}
 	switch req.Op {
 	case "pause":
 		err = target.Pause()
@@ -172,7 +181,7 @@ func (s *Server) handle(line []byte) Response {
 		err = target.Resume()
 	case "stop":
 		// Answer before the VM is torn down: Stop waits for the vCPUs.
-		go target.Stop()
+		after = target.Stop
 	case "info":
 		resp.Info, err = target.InfoJSON()
 	case "restore":
@@ -219,10 +228,10 @@ func (s *Server) handle(line []byte) Response {
 	}
 	if err != nil {
 		resp.Error = err.Error()
-		return resp
+		return resp, nil
 	}
 	resp.OK = true
-	return resp
+	return resp, after
 }
 
 // Close stops accepting, drops connections and removes the socket.

@@ -161,6 +161,11 @@ type Machine struct {
 	console *console
 	irqfds  []int
 
+	// steps times Restore and StartRestored (nil otherwise); restoreSteps
+	// is the result once StartRestored returns (guarded by ctl).
+	steps        *Steps
+	restoreSteps string
+
 	// ctl serializes Pause/Resume/Stop. mu guards the fields below and is
 	// never held while waiting for vCPUs: a vCPU thread may need it (via
 	// finish) before it can park.
@@ -408,9 +413,11 @@ func (m *Machine) createVM() (err error) {
 			return fmt.Errorf("KVM lacks capability %d (needed)", c)
 		}
 	}
+	m.steps.Mark("vm.open")
 	if m.vm, err = m.sys.CreateVM(); err != nil {
 		return err
 	}
+	m.steps.Mark("vm.create")
 	// Intel VMX needs these two regions outside RAM; AMD ignores them.
 	if err := m.vm.SetTSSAddr(tssAddr); err != nil {
 		m.log.WithError(err).Debug("set TSS address")
@@ -431,6 +438,8 @@ func (m *Machine) createVM() (err error) {
 	if err = m.vm.CreateIRQChip(); err != nil {
 		return err
 	}
+	m.steps.Mark("vm.irqchip")
+	defer m.steps.Mark("vm.pit")
 	return m.vm.CreatePIT2(kvm.PITSpeakerDummy)
 }
 

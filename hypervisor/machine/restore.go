@@ -125,25 +125,39 @@ func Restore(snap *checkpoint.Snapshot, cfg Config, attach func(*Machine) error)
 	if cfg.MemoryMiB < 64 || cfg.VCPUs < 1 || cfg.VCPUs > 254 {
 		return nil, fmt.Errorf("restore: shape %d MiB, %d vCPUs: %w", cfg.MemoryMiB, cfg.VCPUs, checkpoint.ErrCorrupt)
 	}
-	m = &Machine{cfg: cfg, log: cfg.Log, done: make(chan struct{})}
+	m = &Machine{cfg: cfg, log: cfg.Log, done: make(chan struct{}), steps: NewSteps(t0)}
 	defer func() {
 		if err != nil {
 			m.release()
 			err = fmt.Errorf("restore %s: %w", snap.Dir, err)
 		}
 	}()
+	// Decoding the state (JSON) is, in a fresh process under TCG, the
+	// costliest step of a restore; it needs no machine, so it runs beside
+	// the KVM work below on another CPU.
+	type parsed struct {
+		s   *VMState
+		err error
+	}
+	parsing := make(chan parsed, 1) // buffered: an early return leaves no goroutine behind
+	go func() {
+		s, err := parseState(snap.State)
+		parsing <- parsed{s, err}
+	}()
 	layers, err := openLayers(snap)
 	if err != nil {
 		return nil, err
 	}
 	defer layers.close()
-	if err = m.createVM(); err != nil {
+	m.steps.Mark("layers")
+	if err = m.createVM(); err != nil { // marks vm.open, vm.create, vm.irqchip, vm.pit
 		return nil, err
 	}
 	ram := memory.X86Layout(uint64(cfg.MemoryMiB) << 20)
 	if m.mem, err = memory.New(ram, memory.Options{File: layers.files[0], Private: true}); err != nil {
 		return nil, err
 	}
+	m.steps.Mark("mmap")
 	var fileOff int64
 	for i, r := range m.mem.Regions() {
 		if len(layers.files) > 1 {
@@ -164,11 +178,13 @@ func Restore(snap *checkpoint.Snapshot, cfg Config, attach func(*Machine) error)
 			return nil, err
 		}
 	}
+	m.steps.Mark("memslots")
 	last := ram[len(ram)-1].End()
 	m.pci64 = (max(last, memory.MMIOHoleEnd) + (1<<30 - 1)) &^ (1<<30 - 1)
 	if err = m.addLegacyDevices(); err != nil {
 		return nil, err
 	}
+	m.steps.Mark("legacy")
 	for i := 0; i < cfg.VCPUs; i++ {
 		c, err := m.vm.CreateVCPU(i)
 		if err != nil {
@@ -177,23 +193,39 @@ func Restore(snap *checkpoint.Snapshot, cfg Config, attach func(*Machine) error)
 		v := vcpu.New(c, &m.pio, &m.mmio)
 		m.cpus = append(m.cpus, v)
 	}
+	m.steps.Mark("vcpus")
 	if attach != nil {
 		if err := attach(m); err != nil {
 			return nil, err
 		}
 	}
+	m.steps.Mark("attach")
 	m.snap.logging, m.snap.fileBacked = true, true
 	m.snap.parent, _ = filepath.Abs(snap.Dir)
 	m.snap.parentState = sha256.Sum256(snap.State)
-	s, err := m.decodeState(snap.State)
-	if err != nil {
+	p := <-parsing
+	if p.err != nil {
+		return nil, p.err
+	}
+	s := p.s
+	if err := m.checkState(s); err != nil {
 		return nil, err
 	}
+	m.steps.Mark("decode") // the wait for the decode, no longer its whole cost
 	if err := m.applyState(s, true); err != nil {
 		return nil, err
 	}
-	m.log.WithFields(logrus.Fields{"dir": snap.Dir, "layers": len(layers.files), "took": time.Since(t0)}).Info("machine restored")
+	m.log.WithFields(logrus.Fields{"dir": snap.Dir, "layers": len(layers.files), "took": time.Since(t0), "steps_ms": m.steps.String()}).Info("machine restored")
 	return m, nil
+}
+
+// RestoreSteps lists how long each step of Restore and StartRestored took
+// (milliseconds, in order), for the caller's log; empty before
+// StartRestored returns.
+func (m *Machine) RestoreSteps() string {
+	m.ctl.Lock()
+	defer m.ctl.Unlock()
+	return m.restoreSteps
 }
 
 // StartRestored runs a restored machine: vCPUs (told their clock was
@@ -210,9 +242,16 @@ func (m *Machine) StartRestored(paused bool) error {
 			c.RequestPause() // before Start: the thread parks before its first KVM_RUN
 		}
 	}
+	m.steps.Mark("kvmclock")
 	if err := m.Start(); err != nil {
 		return err
 	}
+	m.steps.Mark("start")
+	defer func() {
+		// Done: later rollbacks (applyState) must not add to it.
+		m.steps.Mark("resume")
+		m.restoreSteps, m.steps = m.steps.String(), nil
+	}()
 	if paused {
 		m.cpus.Pause()
 		m.mu.Lock()

@@ -701,6 +701,19 @@ func (m *Machine) restoreDevices(s *VMState) error {
 
 // decodeState parses and checks a state payload against this machine.
 func (m *Machine) decodeState(payload []byte) (*VMState, error) {
+	s, err := parseState(payload)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.checkState(s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// parseState decodes a state payload and checks its version; it needs no
+// machine, so Restore runs it beside building the VM.
+func parseState(payload []byte) (*VMState, error) {
 	var s VMState
 	if err := json.Unmarshal(payload, &s); err != nil {
 		return nil, fmt.Errorf("state: %v: %w", err, checkpoint.ErrCorrupt)
@@ -708,36 +721,42 @@ func (m *Machine) decodeState(payload []byte) (*VMState, error) {
 	if s.Version != StateVersion {
 		return nil, fmt.Errorf("machine state version %d, this build reads %d: %w", s.Version, StateVersion, checkpoint.ErrVersion)
 	}
+	return &s, nil
+}
+
+// checkState checks a parsed state against this machine's vCPUs and
+// devices.
+func (m *Machine) checkState(s *VMState) error {
 	if len(s.VCPUs) != len(m.cpus) {
-		return nil, fmt.Errorf("state has %d vCPUs, VM has %d: %w", len(s.VCPUs), len(m.cpus), checkpoint.ErrMismatch)
+		return fmt.Errorf("state has %d vCPUs, VM has %d: %w", len(s.VCPUs), len(m.cpus), checkpoint.ErrMismatch)
 	}
 	for i, v := range s.VCPUs {
 		if v.ID != m.cpus[i].CPU.ID() {
-			return nil, fmt.Errorf("state vCPU %d has id %d: %w", i, v.ID, checkpoint.ErrCorrupt)
+			return fmt.Errorf("state vCPU %d has id %d: %w", i, v.ID, checkpoint.ErrCorrupt)
 		}
 		if len(v.XSave) < 1024 || len(v.XSave) > 1<<18 {
-			return nil, fmt.Errorf("vcpu %d: xsave of %d words: %w", i, len(v.XSave), checkpoint.ErrCorrupt)
+			return fmt.Errorf("vcpu %d: xsave of %d words: %w", i, len(v.XSave), checkpoint.ErrCorrupt)
 		}
 		if len(v.CPUID) == 0 || len(v.CPUID) > kvm.MaxCPUIDEntries || len(v.MSRs) > 4096 {
-			return nil, fmt.Errorf("vcpu %d: %d cpuid entries, %d msrs: %w", i, len(v.CPUID), len(v.MSRs), checkpoint.ErrCorrupt)
+			return fmt.Errorf("vcpu %d: %d cpuid entries, %d msrs: %w", i, len(v.CPUID), len(v.MSRs), checkpoint.ErrCorrupt)
 		}
 	}
 	if len(s.Devices) != len(m.virtio) {
-		return nil, fmt.Errorf("state has %d virtio devices, VM has %d: %w", len(s.Devices), len(m.virtio), checkpoint.ErrMismatch)
+		return fmt.Errorf("state has %d virtio devices, VM has %d: %w", len(s.Devices), len(m.virtio), checkpoint.ErrMismatch)
 	}
 	for i, v := range m.virtio {
 		ds := s.Devices[i]
 		if k := kindOf(v.dev); ds.Kind != k {
-			return nil, fmt.Errorf("device %d: state is %s, VM has %s: %w", i, ds.Kind, k, checkpoint.ErrMismatch)
+			return fmt.Errorf("device %d: state is %s, VM has %s: %w", i, ds.Kind, k, checkpoint.ErrMismatch)
 		}
 		if (ds.Kind == "blk" && ds.Blk == nil) || (ds.Kind == "vsock" && ds.Vsock == nil) || (ds.Kind == "rng" && ds.RNG == nil) {
-			return nil, fmt.Errorf("device %d: no %s state: %w", i, ds.Kind, checkpoint.ErrCorrupt)
+			return fmt.Errorf("device %d: no %s state: %w", i, ds.Kind, checkpoint.ErrCorrupt)
 		}
 	}
 	if len(s.Serial.Input) > 1<<20 {
-		return nil, fmt.Errorf("serial input of %d bytes: %w", len(s.Serial.Input), checkpoint.ErrCorrupt)
+		return fmt.Errorf("serial input of %d bytes: %w", len(s.Serial.Input), checkpoint.ErrCorrupt)
 	}
-	return &s, nil
+	return nil
 }
 
 // applyState loads a decoded state into the parked machine.
@@ -745,11 +764,14 @@ func (m *Machine) applyState(s *VMState, setCPUID bool) error {
 	if err := m.restoreVM(s); err != nil {
 		return err
 	}
+	m.steps.Mark("state.vm")
 	for i, c := range m.cpus {
 		if err := restoreVCPU(c.CPU, &s.VCPUs[i], setCPUID, m.log); err != nil {
 			return fmt.Errorf("vcpu %d: %w", i, err)
 		}
 	}
+	m.steps.Mark("state.vcpus")
 	m.serial.SetState(s.Serial)
+	defer m.steps.Mark("state.devices")
 	return m.restoreDevices(s)
 }

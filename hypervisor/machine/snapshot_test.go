@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -149,7 +150,24 @@ func TestSnapshotRollbackRestore(t *testing.T) {
 	if err := r.StartRestored(false); err != nil {
 		t.Fatal(err)
 	}
+	// The restore's step times (cube-vmm logs them): every step once, in order.
+	steps := r.RestoreSteps()
+	var names []string
+	for _, f := range strings.Fields(steps) {
+		n, _, _ := strings.Cut(f, "=")
+		names = append(names, n)
+	}
+	if got, want := strings.Join(names, " "), "layers vm.open vm.create vm.irqchip vm.pit mmap memslots legacy vcpus attach decode state.vm state.vcpus state.devices kvmclock start resume"; got != want {
+		t.Errorf("RestoreSteps() = %q, want the steps %q", steps, want)
+	}
 	waitCounter(t, r, saved)
+	// A rollback of the restored machine leaves the restore's figures alone.
+	if _, err := r.Rollback(snap); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.RestoreSteps(); got != steps {
+		t.Errorf("after a rollback RestoreSteps() = %q, was %q", got, steps)
+	}
 	r.Stop()
 	if mem2, _ := os.ReadFile(snap.Path(checkpoint.MemoryName)); !bytes.Equal(mem, mem2) {
 		t.Error("the snapshot's memory file changed while mapped")

@@ -58,6 +58,8 @@ type restored struct {
 	comps   checkpoint.Components
 	dir     string
 	closers []func()
+	// steps times the restore (steps_ms on the "restored and running" line).
+	steps *machine.Steps
 }
 
 // close stops and releases the VM and then what it used, in reverse order.
@@ -71,7 +73,7 @@ func (r *restored) close() {
 // restoreVM opens the snapshot in dir and restores it (into prepared, if not
 // nil; it is consumed either way). Nothing it made remains on failure.
 func restoreVM(dir string, f restoreFlags, prepared *machine.PreparedVM, stdout io.Writer, log *logrus.Logger) (_ *restored, err error) {
-	r := &restored{dir: dir}
+	r := &restored{dir: dir, steps: machine.NewSteps(time.Now())}
 	defer func() {
 		if err != nil {
 			r.close()
@@ -84,6 +86,7 @@ func restoreVM(dir string, f restoreFlags, prepared *machine.PreparedVM, stdout 
 	if err != nil {
 		return nil, err
 	}
+	r.steps.Mark("open")
 	man := snap.Manifest
 	if man.Components.VMMVersion != Version {
 		return nil, fmt.Errorf("snapshot was made by %q, this is %q", man.Components.VMMVersion, Version)
@@ -148,6 +151,7 @@ func restoreVM(dir string, f restoreFlags, prepared *machine.PreparedVM, stdout 
 		}
 		made = append(made, d.Path)
 	}
+	r.steps.Mark("disks")
 	mc := machine.Config{KVMDevice: cfg.KVMDevice, Log: logrus.NewEntry(log), Prepared: prepared}
 	prepared = nil // Restore owns it now
 	switch cfg.Console {
@@ -171,6 +175,7 @@ func restoreVM(dir string, f restoreFlags, prepared *machine.PreparedVM, stdout 
 	}
 	r.closers = append(r.closers, func() { m.Close() })
 	r.m, r.cfg, r.comps = m, cfg, man.Components
+	r.steps.Mark("restore")
 	return r, nil
 }
 
@@ -234,6 +239,7 @@ func runRestore(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "cube-vmm restore: %v\n", err)
 		return ExitFailure
 	}
+	r.steps.Mark("start")
 	// The control socket appears once the VM runs (or is parked with -paused).
 	if r.cfg.ControlSocket != "" {
 		srv, err := control.Listen(r.cfg.ControlSocket, newTarget(r.m, r.cfg, func() (checkpoint.Components, error) { return r.comps, nil }))
@@ -246,7 +252,10 @@ func runRestore(args []string, stdout, stderr io.Writer) int {
 			os.Remove(r.cfg.ControlSocket)
 		}()
 	}
-	log.WithFields(logrus.Fields{"dir": r.dir, "took": time.Since(t0)}).Info("restored and running")
+	r.steps.Mark("control")
+	// took counts from the flags parsed; steps_ms is its breakdown, machine_steps_ms that of restore and start.
+	log.WithFields(logrus.Fields{"dir": r.dir, "took": time.Since(t0), "steps_ms": r.steps.String(),
+		"machine_steps_ms": r.m.RestoreSteps()}).Info("restored and running")
 	return waitVM(r.m, sigs, log, stderr)
 }
 
@@ -329,7 +338,8 @@ func (s *standby) Restore(dir string, paused bool) (json.RawMessage, error) {
 	s.done = true
 	s.srv.SetTarget(newTarget(r.m, r.cfg, func() (checkpoint.Components, error) { return r.comps, nil }))
 	took := time.Since(t0)
-	s.log.WithFields(logrus.Fields{"dir": dir, "took": took, "paused": paused}).Info("standby: restored and running")
+	s.log.WithFields(logrus.Fields{"dir": dir, "took": took, "paused": paused, "steps_ms": r.steps.String(),
+		"machine_steps_ms": r.m.RestoreSteps()}).Info("standby: restored and running")
 	s.ready <- r
 	return json.Marshal(struct {
 		Dir    string  `json:"dir"`

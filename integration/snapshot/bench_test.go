@@ -62,19 +62,37 @@ type proc struct {
 
 func startProc(tb testing.TB, name string, args ...string) *proc {
 	tb.Helper()
+	p, err := startProcErr(name, args...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(p.kill)
+	return p
+}
+
+// startProcErr is startProc without a testing.TB: the caller kills the process.
+func startProcErr(name string, args ...string) (*proc, error) {
+	return startProcEnv(nil, name, args...)
+}
+
+// startProcEnv is startProcErr with env added to the process's environment.
+func startProcEnv(env []string, name string, args ...string) (*proc, error) {
 	p := &proc{cmd: exec.Command(name, args...), done: make(chan struct{})}
+	if env != nil {
+		p.cmd.Env = append(os.Environ(), env...)
+	}
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	p.cmd.Stderr = &lockedBuf{mu: &p.mu, b: &p.errb}
 	var err error
 	if p.stdin, err = p.cmd.StdinPipe(); err != nil {
-		tb.Fatal(err)
+		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	out, err := p.cmd.StdoutPipe()
 	if err != nil {
-		tb.Fatal(err)
+		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	if err := p.cmd.Start(); err != nil {
-		tb.Fatalf("start %s: %v", name, err)
+		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	go func() {
 		sc := bufio.NewScanner(out)
@@ -86,8 +104,7 @@ func startProc(tb testing.TB, name string, args ...string) *proc {
 		p.cmd.Wait()
 		close(p.done)
 	}()
-	tb.Cleanup(p.kill)
-	return p
+	return p, nil
 }
 
 type lockedBuf struct {
@@ -587,63 +604,5 @@ func BenchmarkVsQEMU(b *testing.B) {
 		b.ReportMetric(ms(crestore.median()), "cube-restore-ms")
 		b.ReportMetric(ms(cstandby.median()), "cube-restore-standby-ms")
 		b.ReportMetric(ms(qload.median()), "qemu-load-ms")
-	}
-}
-
-// BenchmarkSnapshotDirty: incremental snapshot latency against the MiB the guest dirtied since its parent,
-// in a 1 GiB guest (and 16 MiB in a 128 MiB guest); then restore latency of a 128 MiB and a 1 GiB guest.
-func BenchmarkSnapshotDirty(b *testing.B) {
-	dir := benchDir(b)
-	for b.Loop() {
-		restores := map[int]series{}
-		dirty := map[int]map[int]series{}
-		written := map[int]map[int]int64{128: {}, 1024: {}}
-		for _, g := range []struct{ mem, rand int }{{128, 32}, {1024, 256}} {
-			v := bootCube(b, dir, g.mem, g.rand)
-			parent := filepath.Join(dir, fmt.Sprintf("full-%d", g.mem))
-			v.snapshot(b, parent, false)
-			dirty[g.mem] = map[int]series{}
-			sizes := []int{1, 16, 64, 256}
-			if g.mem == 128 {
-				sizes = []int{16}
-			}
-			tag := 0
-			for _, n := range sizes {
-				for range benchRuns {
-					// Back to the parent (memory equal to it again), dirty n MiB, incremental snapshot over it.
-					v.rollback(b, parent)
-					tag++
-					fmt.Fprintf(v.p.stdin, "dirty %d t%d\n", n, tag)
-					if line := v.p.waitLine(b, fmt.Sprintf("DIRTY-DONE t%d ", tag), 5*time.Minute); n == 256 && tag%benchRuns == 0 {
-						b.Logf("guest: %s", line)
-					}
-					inc := filepath.Join(dir, "inc")
-					d, r := v.snapshot(b, inc, true)
-					dirty[g.mem][n] = append(dirty[g.mem][n], d)
-					written[g.mem][n] = r.MemoryBytes
-					os.RemoveAll(inc)
-				}
-			}
-			v.stop(b)
-			for range benchRuns {
-				restores[g.mem] = append(restores[g.mem], restoreCube(b, dir, parent))
-			}
-			os.RemoveAll(parent)
-		}
-		report(b, "\ncube-vmm incremental snapshot latency vs memory dirtied since the parent (1 vCPU, median of %d)\n", benchRuns)
-		report(b, "| guest | dirtied | snapshot | memory written | vs 1 MiB |\n|---|---|---|---|---|\n")
-		for _, n := range []int{1, 16, 64, 256} {
-			report(b, "| 1 GiB | %d MiB | %s | %.1f MiB | %s |\n", n, dirty[1024][n], float64(written[1024][n])/(1<<20),
-				ratio(dirty[1024][n].median(), dirty[1024][1].median()))
-		}
-		report(b, "| 128 MiB | 16 MiB | %s | %.1f MiB | 1 GiB/128 MiB at 16 MiB dirty: %s (goal ≤ 2×) |\n", dirty[128][16],
-			float64(written[128][16])/(1<<20), ratio(dirty[1024][16].median(), dirty[128][16].median()))
-		report(b, "\ncube-vmm restore, launch → running\n| guest | restore | |\n|---|---|---|\n")
-		report(b, "| 128 MiB (32 MiB random) | %s | |\n| 1 GiB (256 MiB random) | %s | 1 GiB/128 MiB: %s (goal: flat) |\n",
-			restores[128], restores[1024], ratio(restores[1024].median(), restores[128].median()))
-		b.ReportMetric(ms(dirty[1024][16].median()), "snap-1G-16M-ms")
-		b.ReportMetric(ms(dirty[128][16].median()), "snap-128M-16M-ms")
-		b.ReportMetric(ms(restores[1024].median()), "restore-1G-ms")
-		b.ReportMetric(ms(restores[128].median()), "restore-128M-ms")
 	}
 }
