@@ -127,7 +127,7 @@ func benchRestoreSize(b *testing.B) {
 	dir := benchDir(b)
 	guests := []struct{ mem, rand int }{{128, 32}, {1024, 256}}
 	for b.Loop() {
-		restores := map[int]series{}
+		restores, standbys := map[int]series{}, map[int]series{}
 		var failed failures
 		var logs []string
 		for _, g := range guests {
@@ -162,6 +162,10 @@ func benchRestoreSize(b *testing.B) {
 				restores[g.mem] = append(restores[g.mem], d)
 				report(b, "restore %d: %d MiB guest, launch → running %.1f ms\n", i+1, g.mem, ms(d))
 			}
+			for range benchRuns {
+				standbys[g.mem] = append(standbys[g.mem], restoreStandby(b, dir, snap))
+			}
+			report(b, "standby restores, %d MiB guest: %s\n", g.mem, standbys[g.mem])
 			// One more, logged (not in the medians): where a restore's time goes, by cube-vmm's own clock.
 			if d, log, err := restoreCubeErrLog(dir, snap, true); err == nil {
 				logs = append(logs, fmt.Sprintf("%d MiB guest: launch → running %.1f ms\n  %s", g.mem, ms(d), strings.ReplaceAll(log, "\n", "\n  ")))
@@ -171,9 +175,10 @@ func benchRestoreSize(b *testing.B) {
 			}
 			os.RemoveAll(snap)
 		}
-		report(b, "\ncube-vmm restore, launch → running (1 vCPU, median of %d)\n| guest | restore |\n|---|---|\n", benchRuns)
-		report(b, "| 128 MiB (32 MiB random) | %s |\n| 1 GiB (256 MiB random) | %s |\n", restores[128], restores[1024])
-		report(b, "1 GiB / 128 MiB restore: %s (goal: flat)\n", ratio(restores[1024].median(), restores[128].median()))
+		report(b, "\ncube-vmm restore, launch → running, and into a standby cube-vmm, restore op → running (1 vCPU, median of %d)\n| guest | restore | standby restore |\n|---|---|---|\n", benchRuns)
+		report(b, "| 128 MiB (32 MiB random) | %s | %s |\n| 1 GiB (256 MiB random) | %s | %s |\n", restores[128], standbys[128], restores[1024], standbys[1024])
+		report(b, "1 GiB / 128 MiB restore: %s, standby restore: %s (goal: flat)\n", ratio(restores[1024].median(), restores[128].median()),
+			ratio(standbys[1024].median(), standbys[128].median()))
 		report(b, "one more restore each with cube-vmm's log (took = since its flags were parsed; steps in ms):\n%s\n", strings.Join(logs, "\n"))
 		report(b, "cube-vmm process start (GODEBUG=inittrace=1): %s\n", initCost())
 		failed.report(b)
