@@ -135,27 +135,11 @@ func lastN(s string, n int) string { return s[max(0, len(s)-n):] }
 // waitLine waits for a console line starting with prefix.
 func (p *proc) waitLine(tb testing.TB, prefix string, timeout time.Duration) string {
 	tb.Helper()
-	deadline := time.Now().Add(timeout)
-	seen := 0
-	for {
-		p.mu.Lock()
-		for ; seen < len(p.lines); seen++ {
-			if l := p.lines[seen]; strings.HasPrefix(l, prefix) {
-				p.mu.Unlock()
-				return l
-			}
-		}
-		p.mu.Unlock()
-		select {
-		case <-p.done:
-			tb.Fatalf("%s exited before %q:\n%s", p.cmd.Path, prefix, p.tail())
-		default:
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("no %q from %s in %v:\n%s", prefix, p.cmd.Path, timeout, p.tail())
-		}
-		time.Sleep(5 * time.Millisecond)
+	l, err := p.waitLineErr(prefix, timeout)
+	if err != nil {
+		tb.Fatal(err)
 	}
+	return l
 }
 
 func (p *proc) wait(tb testing.TB, timeout time.Duration) {

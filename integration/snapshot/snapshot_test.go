@@ -480,24 +480,30 @@ func TestRollbackAndRestore(t *testing.T) {
 	if ps := vmmProcesses(dir); len(ps) != 0 {
 		t.Fatalf("cube-vmm still running after stop: %q", ps)
 	}
+	// A restored VM: the agent answers, notices the reset, the worker is exactly as saved and counts on, the
+	// file written after the snapshot is gone; then the VMM stops.
+	checkRestored := func(what string, start time.Time) {
+		t.Helper()
+		s.connect(time.Minute)
+		t.Logf("%s: to the agent answering: %v", what, time.Since(start))
+		s.afterRestore(what, atSnap)
+		if got := s.read(); got != saved {
+			t.Fatalf("after the %s %+v, snapshot had %+v", what, got, saved)
+		}
+		s.fileGone(marker)
+		s.hold(false)
+		s.waitAdvance(saved.Counter)
+		t.Logf("%s: %+v, advancing", what, saved)
+		s.ctl.Stop()
+		if st := s.vmm.Wait(t, time.Minute); st != 12 {
+			t.Errorf("cube-vmm exit %d after stop (%s), want 12", st, what)
+		}
+		s.ctl.Close()
+	}
 	start := time.Now()
 	s.vmm = vmmrun.Start(t, cubeVMM, "restore", "-log-level", "info", snap)
 	s.dialControl()
-	s.connect(time.Minute)
-	t.Logf("restore: cube-vmm restore launch to the agent answering: %v", time.Since(start))
-	s.afterRestore("restore", atSnap)
-	if got := s.read(); got != saved {
-		t.Fatalf("after restore %+v, snapshot had %+v", got, saved)
-	}
-	s.fileGone(marker)
-	s.hold(false)
-	s.waitAdvance(saved.Counter)
-	t.Logf("restored into a new process: %+v, advancing", saved)
-	s.ctl.Stop()
-	if st := s.vmm.Wait(t, time.Minute); st != 12 {
-		t.Errorf("restored cube-vmm exit %d after stop, want 12", st)
-	}
-	s.ctl.Close()
+	checkRestored("restore into a new process", start)
 	if err := os.Remove(disk); err != nil {
 		t.Fatal(err)
 	}
@@ -512,21 +518,7 @@ func TestRollbackAndRestore(t *testing.T) {
 	}
 	start = time.Now()
 	s.controlOp("standby restore", func() (json.RawMessage, error) { return s.ctl.Restore(snap, false) })
-	s.connect(time.Minute)
-	t.Logf("standby restore: restore op to the agent answering: %v", time.Since(start))
-	s.afterRestore("standby restore", atSnap)
-	if got := s.read(); got != saved {
-		t.Fatalf("after the standby restore %+v, snapshot had %+v", got, saved)
-	}
-	s.fileGone(marker)
-	s.hold(false)
-	s.waitAdvance(saved.Counter)
-	t.Logf("restored into a standby process: %+v, advancing", saved)
-	s.ctl.Stop()
-	if st := s.vmm.Wait(t, time.Minute); st != 12 {
-		t.Errorf("standby-restored cube-vmm exit %d after stop, want 12", st)
-	}
-	s.ctl.Close()
+	checkRestored("restore into a standby process", start)
 	s.tc.Close()
 
 	// Nothing the test made remains: no cube-vmm, no socket; the snapshots and the restored disk copy are
