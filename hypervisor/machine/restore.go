@@ -201,8 +201,7 @@ func Restore(snap *checkpoint.Snapshot, cfg Config, attach func(*Machine) error)
 	}
 	m.steps.Mark("attach")
 	m.snap.logging, m.snap.fileBacked = true, true
-	m.snap.parent, _ = filepath.Abs(snap.Dir)
-	m.snap.parentState = sha256.Sum256(snap.State)
+	m.setParentLocked(snap.Dir, snap.State)
 	p := <-parsing
 	if p.err != nil {
 		return nil, p.err
@@ -437,8 +436,7 @@ func (m *Machine) Rollback(snap *checkpoint.Snapshot) (st RollbackStats, err err
 	// The memory now equals the snapshot's: it is the next parent.
 	m.snap.parent = ""
 	if _, err := m.takeDirtyLocked(); err == nil {
-		m.snap.parent, _ = filepath.Abs(snap.Dir)
-		m.snap.parentState = sha256.Sum256(snap.State)
+		m.setParentLocked(snap.Dir, snap.State)
 	}
 	m.log.WithFields(logrus.Fields{"dir": snap.Dir, "frozen": time.Since(tf), "memory": st.Memory, "pages": st.Pages}).Info("rolled back")
 	return st, nil
@@ -529,6 +527,17 @@ func (m *Machine) isParent(snap *checkpoint.Snapshot) bool {
 		sha256.Sum256(snap.State) == m.snap.parentState
 }
 
+// setParentLocked makes the snapshot in dir, whose state payload is state,
+// the VM's parent (isParent); a dir that cannot be made absolute leaves none.
+func (m *Machine) setParentLocked(dir string, state []byte) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		m.snap.parent = ""
+		return
+	}
+	m.snap.parent, m.snap.parentState = abs, sha256.Sum256(state)
+}
+
 // rewriteDirtyLocked puts the snapshot's content back into every page written
 // since the parent snapshot l was taken or last restored, through the existing
 // mappings (no remap; cost grows with the pages dirtied, not with guest size).
@@ -556,31 +565,31 @@ func (m *Machine) rewriteDirtyLocked(l *memLayers, n *int64) (undo func(), err e
 		}
 		m.markDirtyPages(dirty)
 	}
-	var fileOff int64
 	*n = 0
-	for _, r := range m.mem.Regions() {
-		first, pages := fileOff/memory.PageSize, int64(r.Size)/memory.PageSize
-		for _, run := range checkpoint.Runs(dirty[first/64:(first+pages)/64], pages) {
-			// Split the run where the page's owning layer changes.
-			for p := run[0]; p < run[1]; {
-				layer := l.owner(first + p)
-				q := p + 1
-				for q < run[1] && l.owner(first+q) == layer {
-					q++
-				}
-				off, size := p*memory.PageSize, (q-p)*memory.PageSize
-				dst := r.Host[off : off+size]
-				old = append(old, saved{r: r, off: off, data: append([]byte(nil), dst...)})
-				if k, err := l.files[layer].ReadAt(dst, fileOff+off); err != nil || int64(k) != size {
-					undo()
-					return nil, fmt.Errorf("memory layer %d: read %d bytes at %#x: got %d: %v: %w",
-						layer, size, fileOff+off, k, err, checkpoint.ErrTruncated)
-				}
-				*n += q - p
-				p = q
+	err = m.forDirtyRuns(dirty, func(r *memory.Region, fileOff, s, e int64) error {
+		// Split the run where the page's owning layer changes.
+		first := fileOff / memory.PageSize
+		for p := s; p < e; {
+			layer := l.owner(first + p)
+			q := p + 1
+			for q < e && l.owner(first+q) == layer {
+				q++
 			}
+			off, size := p*memory.PageSize, (q-p)*memory.PageSize
+			dst := r.Host[off : off+size]
+			old = append(old, saved{r: r, off: off, data: append([]byte(nil), dst...)})
+			if k, err := l.files[layer].ReadAt(dst, fileOff+off); err != nil || int64(k) != size {
+				return fmt.Errorf("memory layer %d: read %d bytes at %#x: got %d: %v: %w",
+					layer, size, fileOff+off, k, err, checkpoint.ErrTruncated)
+			}
+			*n += q - p
+			p = q
 		}
-		fileOff += int64(r.Size)
+		return nil
+	})
+	if err != nil {
+		undo()
+		return nil, err
 	}
 	return undo, nil
 }
@@ -599,12 +608,28 @@ func (l *memLayers) owner(p int64) int {
 // markDirtyPages adds a bitmap over the regions back to back (as
 // takeDirtyLocked returns it) to the VMM's dirty record.
 func (m *Machine) markDirtyPages(dirty []uint64) {
-	var first int64
+	m.forDirtyRuns(dirty, func(r *memory.Region, _, s, e int64) error {
+		m.mem.MarkDirty(r.GPA+uint64(s)*memory.PageSize, uint64(e-s)*memory.PageSize)
+		return nil
+	})
+}
+
+// forDirtyRuns calls f for each run [s, e) of pages set in dirty, a bitmap
+// over the regions back to back (as takeDirtyLocked returns it), with the
+// region holding the run, that region's offset in the memory file (its pages
+// before it) and s, e counted from the region's first page; it stops at f's
+// first error.
+func (m *Machine) forDirtyRuns(dirty []uint64, f func(r *memory.Region, fileOff, s, e int64) error) error {
+	var fileOff int64
 	for _, r := range m.mem.Regions() {
-		pages := int64(r.Size) / memory.PageSize
+		// Regions are whole MiB: each one's bits fill whole words.
+		first, pages := fileOff/memory.PageSize, int64(r.Size)/memory.PageSize
 		for _, run := range checkpoint.Runs(dirty[first/64:(first+pages)/64], pages) {
-			m.mem.MarkDirty(r.GPA+uint64(run[0])*memory.PageSize, uint64(run[1]-run[0])*memory.PageSize)
+			if err := f(r, fileOff, run[0], run[1]); err != nil {
+				return err
+			}
 		}
-		first += pages
+		fileOff += int64(r.Size)
 	}
+	return nil
 }

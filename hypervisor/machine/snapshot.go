@@ -1,11 +1,9 @@
 package machine
 
 import (
-	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sort"
 	"time"
 
@@ -319,11 +317,9 @@ func (m *Machine) Snapshot(dir string, opt SnapshotOptions) (st SnapshotStats, e
 	if err := w.Commit(man, payload); err != nil {
 		return st, err
 	}
-	if abs, err := filepath.Abs(dir); err == nil {
-		m.ctl.Lock()
-		m.snap.parent, m.snap.parentState = abs, sha256.Sum256(payload)
-		m.ctl.Unlock()
-	}
+	m.ctl.Lock()
+	m.setParentLocked(dir, payload)
+	m.ctl.Unlock()
 	st.Total = time.Since(t0)
 	m.log.WithFields(logrus.Fields{"dir": dir, "frozen": st.Frozen, "total": st.Total, "precopy": st.Precopy,
 		"memory_bytes": st.MemoryBytes, "recopied_bytes": st.RecopiedBytes, "reflinked": st.Reflinked}).Info("snapshot written")
