@@ -70,6 +70,17 @@ func (r *restored) close() {
 	r.closers = nil
 }
 
+// target is what the control socket controls for the restored VM (its
+// snapshots record the restored snapshot's components).
+func (r *restored) target() *snapTarget {
+	return newTarget(r.m, r.cfg, func() (checkpoint.Components, error) { return r.comps, nil })
+}
+
+// prepareVM makes a standby's KVM VM on the -kvm device.
+func prepareVM(f restoreFlags, log *logrus.Logger) (*machine.PreparedVM, error) {
+	return machine.PrepareVM(machine.Config{KVMDevice: f.kvm, Log: logrus.NewEntry(log)})
+}
+
 // restoreVM opens the snapshot in dir and restores it (into prepared, if not
 // nil; it is consumed either way). Nothing it made remains on failure.
 func restoreVM(dir string, f restoreFlags, prepared *machine.PreparedVM, stdout io.Writer, log *logrus.Logger) (_ *restored, err error) {
@@ -242,7 +253,7 @@ func runRestore(args []string, stdout, stderr io.Writer) int {
 	r.steps.Mark("start")
 	// The control socket appears once the VM runs (or is parked with -paused).
 	if r.cfg.ControlSocket != "" {
-		srv, err := control.Listen(r.cfg.ControlSocket, newTarget(r.m, r.cfg, func() (checkpoint.Components, error) { return r.comps, nil }))
+		srv, err := control.Listen(r.cfg.ControlSocket, r.target())
 		if err != nil {
 			fmt.Fprintf(stderr, "cube-vmm restore: %v\n", err)
 			return ExitFailure
@@ -315,7 +326,7 @@ func (s *standby) Restore(dir string, paused bool) (json.RawMessage, error) {
 	s.prepared = nil
 	if prep == nil {
 		var err error
-		if prep, err = machine.PrepareVM(machine.Config{KVMDevice: s.flags.kvm, Log: logrus.NewEntry(s.log)}); err != nil {
+		if prep, err = prepareVM(s.flags, s.log); err != nil {
 			return nil, fmt.Errorf("restore: %w", err)
 		}
 	}
@@ -327,7 +338,7 @@ func (s *standby) Restore(dir string, paused bool) (json.RawMessage, error) {
 	}
 	if err != nil {
 		// prep was consumed; make the next one now, off the next op's path.
-		if p, perr := machine.PrepareVM(machine.Config{KVMDevice: s.flags.kvm, Log: logrus.NewEntry(s.log)}); perr == nil {
+		if p, perr := prepareVM(s.flags, s.log); perr == nil {
 			s.prepared = p
 		} else {
 			s.log.WithError(perr).Warn("standby: cannot prepare another VM; the next restore op tries again")
@@ -336,7 +347,7 @@ func (s *standby) Restore(dir string, paused bool) (json.RawMessage, error) {
 		return nil, fmt.Errorf("restore %s: %w", dir, err)
 	}
 	s.done = true
-	s.srv.SetTarget(newTarget(r.m, r.cfg, func() (checkpoint.Components, error) { return r.comps, nil }))
+	s.srv.SetTarget(r.target())
 	took := time.Since(t0)
 	s.log.WithFields(logrus.Fields{"dir": dir, "took": took, "paused": paused, "steps_ms": r.steps.String(),
 		"machine_steps_ms": r.m.RestoreSteps()}).Info("standby: restored and running")
@@ -360,7 +371,7 @@ func runStandby(f restoreFlags, stdout, stderr io.Writer, log *logrus.Logger) in
 		return ExitUsage
 	}
 	log.SetLevel(l)
-	prep, err := machine.PrepareVM(machine.Config{KVMDevice: f.kvm, Log: logrus.NewEntry(log)})
+	prep, err := prepareVM(f, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "cube-vmm restore: standby: %v\n", err)
 		return ExitFailure
