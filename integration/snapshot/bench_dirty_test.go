@@ -347,8 +347,7 @@ func (p *proc) waitLineErr(prefix string, timeout time.Duration) (string, error)
 // bootCubeErr is bootCube returning an error instead of failing the benchmark (a nested boot may stall).
 func bootCubeErr(dir string, memMiB, randMiB int) (*cubeVM, error) {
 	sock := filepath.Join(dir, "cube-ctl.sock")
-	p, err := startProcErr(cubeVMM, "-kernel", guestKernel, "-initrd", benchInitrd, "-memory", fmt.Sprint(memMiB), "-vcpus", "1",
-		"-cmdline", fmt.Sprintf("%s bench.rand=%d", benchCmdline, randMiB), "-console-input", "stdin", "-control", sock)
+	p, err := startProcErr(cubeVMM, cubeArgs(sock, memMiB, randMiB)...)
 	if err != nil {
 		return nil, err
 	}

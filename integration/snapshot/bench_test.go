@@ -160,29 +160,24 @@ type cubeVM struct {
 
 func dialControl(tb testing.TB, p *proc, sock string, timeout time.Duration) *control.Client {
 	tb.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		c, err := control.Dial(sock)
-		if err == nil {
-			return c
-		}
-		select {
-		case <-p.done:
-			tb.Fatalf("cube-vmm exited: %v\n%s", err, p.tail())
-		default:
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("control socket %s: %v\n%s", sock, err, p.tail())
-		}
-		time.Sleep(time.Millisecond)
+	c, err := dialControlErr(p, sock, timeout)
+	if err != nil {
+		tb.Fatal(err)
 	}
+	return c
+}
+
+// cubeArgs boots the bench initramfs in cube-vmm (it fills randMiB of tmpfs with random data and then serves
+// console commands), with its control socket at sock.
+func cubeArgs(sock string, memMiB, randMiB int) []string {
+	return []string{"-kernel", guestKernel, "-initrd", benchInitrd, "-memory", fmt.Sprint(memMiB), "-vcpus", "1",
+		"-cmdline", fmt.Sprintf("%s bench.rand=%d", benchCmdline, randMiB), "-console-input", "stdin", "-control", sock}
 }
 
 func bootCube(tb testing.TB, dir string, memMiB, randMiB int) *cubeVM {
 	tb.Helper()
 	sock := filepath.Join(dir, "cube-ctl.sock")
-	p := startProc(tb, cubeVMM, "-kernel", guestKernel, "-initrd", benchInitrd, "-memory", fmt.Sprint(memMiB), "-vcpus", "1",
-		"-cmdline", fmt.Sprintf("%s bench.rand=%d", benchCmdline, randMiB), "-console-input", "stdin", "-control", sock)
+	p := startProc(tb, cubeVMM, cubeArgs(sock, memMiB, randMiB)...)
 	tb.Logf("cube-vmm %d MiB guest: %s", memMiB, p.waitLine(tb, "BENCH-READY", 5*time.Minute))
 	return &cubeVM{p: p, ctl: dialControl(tb, p, sock, time.Minute)}
 }
@@ -233,36 +228,12 @@ func (v *cubeVM) rollback(tb testing.TB, dir string) (time.Duration, snapResult)
 // restoreCube launches cube-vmm restore and returns the time from the launch to the control socket saying
 // "running" (the socket appears once the vCPUs run); the VM is stopped again untimed.
 func restoreCube(tb testing.TB, dir, snap string) time.Duration {
-	d, _ := restoreCubeLog(tb, dir, snap)
-	return d
-}
-
-// restoreCubeLog is restoreCube with extra flags; it also returns cube-vmm's stderr.
-func restoreCubeLog(tb testing.TB, dir, snap string, flags ...string) (time.Duration, string) {
 	tb.Helper()
-	sock := filepath.Join(dir, "cube-restored.sock")
-	t0 := time.Now()
-	p := startProc(tb, cubeVMM, append(append([]string{"restore", "-control", sock}, flags...), snap)...)
-	ctl := dialControl(tb, p, sock, time.Minute)
-	var info struct {
-		State string `json:"state"`
+	d, err := restoreCubeErr(dir, snap)
+	if err != nil {
+		tb.Fatal(err)
 	}
-	for {
-		if err := ctl.Info(&info); err != nil {
-			tb.Fatalf("info: %v\n%s", err, p.tail())
-		}
-		if info.State == "running" {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
-	d := time.Since(t0)
-	ctl.Stop()
-	ctl.Close()
-	p.wait(tb, time.Minute)
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return d, p.errb.String()
+	return d
 }
 
 // launchCost is the median time to run a VMM binary that does nothing (exec → exit): the part of a
@@ -555,7 +526,10 @@ func BenchmarkVsQEMU(b *testing.B) {
 		for range benchRuns {
 			cstandby = append(cstandby, restoreStandby(b, dir, snap))
 		}
-		_, restoreLog := restoreCubeLog(b, dir, snap, "-log-level", "info")
+		_, restoreLog, err := restoreCubeErrLog(dir, snap, true)
+		if err != nil {
+			b.Fatal(err)
+		}
 		os.RemoveAll(snap)
 		cubeNop, qemuNop := launchCost(b, cubeVMM, "restore"), launchCost(b, "qemu-system-x86_64", "-version")
 
@@ -572,13 +546,7 @@ func BenchmarkVsQEMU(b *testing.B) {
 		report(b, "cube snapshot: pre-copy (running) %s, vCPUs frozen %s, memory written %d MiB of which %.1f MiB again while frozen; rollback to the parent: frozen %s, %d pages rewritten; QEMU file %d MiB\n",
 			cprecopy, cfrozen, memBytes>>20, float64(recopied)/(1<<20), crollFrozen, rewritten, fi.Size()>>20)
 		report(b, "process launch alone (exec → exit, no VM): cube-vmm %s, QEMU %s\n", cubeNop, qemuNop)
-		var took []string
-		for _, l := range strings.Split(restoreLog, "\n") {
-			if strings.Contains(l, "took") {
-				took = append(took, strings.TrimSpace(l))
-			}
-		}
-		report(b, "one restore, cube-vmm's own log (took = since its flags were parsed):\n  %s\n", strings.Join(took, "\n  "))
+		report(b, "one restore with cube-vmm's log (took = since its flags were parsed; steps in ms):\n  %s\n", strings.ReplaceAll(restoreLog, "\n", "\n  "))
 		b.ReportMetric(ms(csnap.median()), "cube-snapshot-ms")
 		b.ReportMetric(ms(cfrozen.median()), "cube-snapshot-frozen-ms")
 		b.ReportMetric(ms(qsave.median()), "qemu-save-ms")
