@@ -2,14 +2,14 @@
 GO        ?= go
 BIN       := bin
 # e2e tier: which packages and tests (e.g. make e2e E2E_PKGS=./integration/kvm RUN=TestSmoke).
-E2E_PKGS  ?= $(shell $(GO) list ./integration/...)
+E2E_PKGS  ?= $(shell $(GO) list ./integration/... | grep -v /integration/testhost/stress)
 RUN       ?= .
 # bench: which packages and benchmarks
 BENCH_PKGS ?= ./...
 BENCH     ?= .
 export GOFLAGS ?= -buildvcs=false
 
-.PHONY: help deps build guest test test-unit test-full e2e bench demo fuzz vet clean
+.PHONY: help deps build guest test test-unit test-full e2e bench demo fuzz vet clean stress
 
 help:
 	@echo "make demo       ctr run --runtime io.cube.v1: a container in its own microVM, through containerd (in the test host)"
@@ -18,6 +18,7 @@ help:
 	@echo "make test-full  all non-e2e tests, incl. root ones (snapshotter suites, containerd daemon)"
 	@echo "make e2e        test host tier; select with E2E_PKGS=... RUN=..."
 	@echo "make bench      benchmarks (BENCH_PKGS=..., BENCH=...)"
+	@echo "make stress     test-host stability: CUBE_STRESS_LIFECYCLES nested VM lifecycles (default 50), failures counted"
 	@echo "make build      binaries into bin/"
 	@echo "make guest      guest image into bin/guest (kernel + agent initramfs)"
 	@echo "make fuzz       every fuzz target in turn (FUZZTIME=30s each)"
@@ -62,6 +63,13 @@ e2e: deps
 test: deps vet
 	$(GO) test -count=1 -p 1 -timeout 60m -v $(E2E_PKGS)
 	$(GO) test -count=1 -p 1 $(NON_E2E_PKGS)
+
+# Test-host stability (opt-in, not in `make test`): nested VM lifecycles in test hosts, one line of figures at the
+# end; the platform comes from CUBE_TESTHOST_* (integration/testhost/platform.go).
+CUBE_STRESS_LIFECYCLES ?= 50
+export CUBE_STRESS_LIFECYCLES
+stress: deps
+	$(GO) test -count=1 -timeout 600m -v ./integration/testhost/stress
 
 bench: deps
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem $(BENCH_PKGS)

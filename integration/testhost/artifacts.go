@@ -36,6 +36,7 @@ type artifacts struct {
 	Initramfs string
 	BaseTree  string // busybox, modules, tools with their libraries, /cube/stage2
 	Kernel    *guestimage.Kernel
+	Modules   []string // what stage 2 loads, in order: paths relative to the kernel's modules directory
 }
 
 // buildArtifacts returns the artifacts for opts, building them under cacheDir only when their inputs changed.
@@ -60,6 +61,19 @@ func buildArtifacts(ctx context.Context, cacheDir string, opts *Options, logf fu
 	if err != nil {
 		return nil, err
 	}
+	// A rebuilt kvm-amd.ko (Platform.KVMAMD) replaces the package's own in the base tree.
+	replace := map[string]string{}
+	if v := opts.Platform.KVMAMD; v != "" && v != KVMAMDStock {
+		ko, err := buildKVMAMD(ctx, cacheDir, k, v, logf)
+		if err != nil {
+			return nil, fmt.Errorf("test host kvm-amd %s: %w", v, err)
+		}
+		for _, m := range mods {
+			if moduleName(m) == "kvm_amd" {
+				replace[m] = ko
+			}
+		}
+	}
 
 	// The key covers every input: a change in any of them builds new artifacts beside the old ones.
 	h := sha256.New()
@@ -72,6 +86,12 @@ func buildArtifacts(ctx context.Context, cacheDir string, opts *Options, logf fu
 	h.Write(stage1Script)
 	h.Write(stage2Script)
 	fmt.Fprintf(h, "boot %v\nmods %v\n", bootMods, mods)
+	for m, f := range replace {
+		fmt.Fprintf(h, "replace %s\n", m)
+		if err := hashFile(h, f); err != nil {
+			return nil, err
+		}
+	}
 	for _, t := range tools {
 		fmt.Fprintf(h, "tool %s\n", t)
 		if err := hashFile(h, t); err != nil {
@@ -84,6 +104,7 @@ func buildArtifacts(ctx context.Context, cacheDir string, opts *Options, logf fu
 		Key: key, Kernel: k, Vmlinuz: k.Vmlinuz,
 		Initramfs: filepath.Join(dir, "initramfs.cpio.gz"),
 		BaseTree:  filepath.Join(dir, "root"),
+		Modules:   mods,
 	}
 	if _, err := os.Stat(filepath.Join(dir, ".complete")); err == nil {
 		logf("test host artifacts %s: cached in %s", key, dir)
@@ -106,7 +127,7 @@ func buildArtifacts(ctx context.Context, cacheDir string, opts *Options, logf fu
 		os.RemoveAll(tmp)
 		return nil, err
 	}
-	if err := writeBaseTree(filepath.Join(tmp, "root"), k, busybox, mods, tools); err != nil {
+	if err := writeBaseTree(filepath.Join(tmp, "root"), k, busybox, mods, replace, tools); err != nil {
 		os.RemoveAll(tmp)
 		return nil, err
 	}
@@ -195,7 +216,8 @@ var etcFiles = map[string]string{
 	"etc/hostname": "cube-testhost\n",
 }
 
-func writeBaseTree(root string, k *guestimage.Kernel, busybox string, mods, tools []string) error {
+// replace maps a module (as in mods) to a rebuilt file used instead of the package's own.
+func writeBaseTree(root string, k *guestimage.Kernel, busybox string, mods []string, replace map[string]string, tools []string) error {
 	for _, d := range []string{"bin", "sbin", "usr/bin", "usr/sbin", "usr/local/bin", "etc", "root", "proc", "sys", "dev", "run", "tmp", "var/tmp", "cube/work", "cube/payload/bin"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
 			return err
@@ -229,7 +251,11 @@ func writeBaseTree(root string, k *guestimage.Kernel, busybox string, mods, tool
 		return err
 	}
 	for _, m := range mods {
-		if err := copyFile(filepath.Join(k.ModulesDir(), m), filepath.Join(root, "lib/modules", k.Release, m)); err != nil {
+		src := filepath.Join(k.ModulesDir(), m)
+		if r, ok := replace[m]; ok {
+			src = r
+		}
+		if err := copyFile(src, filepath.Join(root, "lib/modules", k.Release, m)); err != nil {
 			return err
 		}
 	}

@@ -63,6 +63,12 @@ func Run(ctx context.Context, o Options, p Payload, output io.Writer) (*Result, 
 		return nil, fmt.Errorf("mkfs.ext4 not found: install Debian's e2fsprogs (`apt-get install e2fsprogs`)")
 	}
 	warnOldQEMU(qemu)
+	if _, err := smpFromEnv(); err != nil {
+		return nil, err
+	}
+	if err := opts.Platform.validate(); err != nil {
+		return nil, err
+	}
 	logf := logrus.Infof
 	art, err := buildArtifacts(ctx, opts.CacheDir, &opts, logf)
 	if err != nil {
@@ -95,11 +101,11 @@ func Run(ctx context.Context, o Options, p Payload, output io.Writer) (*Result, 
 	console := filepath.Join(work, "console.log")
 	args := []string{
 		"-name", "cube-testhost",
-		"-accel", "tcg,thread=multi", "-M", "pc", "-cpu", "EPYC,+svm,+npt",
+		"-accel", opts.Platform.Accel, "-M", "pc", "-cpu", opts.Platform.CPU,
 		"-smp", strconv.Itoa(opts.CPUs), "-m", strconv.Itoa(opts.MemoryMiB),
 		"-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none", "-no-reboot",
 		"-kernel", art.Vmlinuz, "-initrd", art.Initramfs,
-		"-append", "console=ttyS0 loglevel=5 panic=-1 cube.nonce=" + nonce,
+		"-append", strings.TrimSpace("console=ttyS0 loglevel=5 panic=-1 "+opts.Platform.Append) + " cube.nonce=" + nonce,
 		"-drive", "file=" + disk + ",if=virtio,format=raw,cache=unsafe",
 		"-serial", "file:" + console,
 		"-serial", "stdio",
@@ -122,6 +128,7 @@ func Run(ctx context.Context, o Options, p Payload, output io.Writer) (*Result, 
 		return nil, fmt.Errorf("start %s: %w", qemu, err)
 	}
 	logrus.Debugf("test host: %s %s", qemu, strings.Join(args, " "))
+	logrus.Infof("test host: %d vCPUs, %d MiB, %s", opts.CPUs, opts.MemoryMiB, opts.Platform)
 	stopKill := context.AfterFunc(rctx, func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
 	defer stopKill()
 	// A test host whose kernel locked up or panicked will not recover: end the run at once instead of at the
@@ -267,6 +274,13 @@ func buildRootDisk(ctx context.Context, art *artifacts, o *Options, p Payload, s
 				return fmt.Errorf("Options.Files %s: %w", dst, err)
 			}
 		}
+	}
+	params, err := moduleParamsFile(o.Platform.ModuleParams, art.Modules)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(stage, "cube/modparams"), params, 0o644); err != nil {
+		return err
 	}
 	var script strings.Builder
 	script.WriteString("export " + EnvInside + "=1\n")

@@ -20,8 +20,13 @@ fail() {
 	sync
 	poweroff -f
 }
+# /cube/modparams: "MODULE PARAM=VALUE ..." lines (Platform.ModuleParams) for insmod.
 for m in $(cat /cube/modules.order); do
-	insmod "/lib/modules/$(uname -r)/$m" || fail "insmod $m failed"
+	name=$(basename "$m" .ko | tr - _)
+	params=$(sed -n "s/^$name //p" /cube/modparams 2>/dev/null)
+	# shellcheck disable=SC2086
+	insmod "/lib/modules/$(uname -r)/$m" $params || fail "insmod $m $params failed"
+	[ -n "$params" ] && echo "cube-testhost: $name loaded with $params"
 done
 # No background remapping of nested guests' memory: khugepaged collapses, compaction and NUMA balancing move
 # pages under a running nested guest, and every move must reach the emulated CPU's nested TLB as a flush.

@@ -54,6 +54,8 @@ type Options struct {
 	Files map[string]string
 	// Env is added to the payload's environment ("KEY=value").
 	Env []string
+	// Platform is the emulated machine and its KVM (defaults from the environment, then Default*).
+	Platform Platform
 }
 
 func (o *Options) withDefaults() Options {
@@ -63,6 +65,9 @@ func (o *Options) withDefaults() Options {
 	}
 	if r.CPUs <= 0 {
 		r.CPUs = DefaultCPUs
+		if n, err := smpFromEnv(); err == nil && n > 0 {
+			r.CPUs = n
+		}
 	}
 	if r.Timeout <= 0 {
 		r.Timeout = DefaultTimeout
@@ -70,6 +75,7 @@ func (o *Options) withDefaults() Options {
 	if r.DiskMiB <= 0 {
 		r.DiskMiB = DefaultDiskMiB
 	}
+	r.Platform = r.Platform.withDefaults()
 	if r.CacheDir == "" {
 		r.CacheDir = DefaultCacheDir()
 	}
@@ -100,3 +106,6 @@ type Result struct {
 
 // ConsoleTail returns the last n lines of the console.
 func (r *Result) ConsoleTail(n int) string { return tailLines(r.Console, n) }
+
+// Resolved is the options with every default filled in (the environment's included), as Run uses them.
+func (o Options) Resolved() Options { return o.withDefaults() }

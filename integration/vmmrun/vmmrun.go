@@ -150,3 +150,6 @@ func (w lockedWriter) Write(p []byte) (int, error) {
 	defer w.mu.Unlock()
 	return w.b.Write(p)
 }
+
+// Kill sends SIGKILL to cube-vmm's process group at once (as a crash or an OOM kill would), without waiting.
+func (r *Process) Kill() error { return syscall.Kill(-r.cmd.Process.Pid, syscall.SIGKILL) }
