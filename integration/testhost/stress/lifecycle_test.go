@@ -149,7 +149,9 @@ func busySpec() []byte {
 	return b
 }
 
-func callCtx() (context.Context, context.CancelFunc) { return context.WithTimeout(context.Background(), time.Minute) }
+func callCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), time.Minute)
+}
 
 // runLifecycle is one lifecycle; it returns the boot time (cube-vmm start to the agent answering).
 func runLifecycle(t *testing.T) (time.Duration, error) {
