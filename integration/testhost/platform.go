@@ -1,9 +1,7 @@
 package testhost
 
 import (
-	"context"
 	"fmt"
-	"github.com/cube-runtime/cube/contrib/guestimage"
 	"os"
 	"regexp"
 	"sort"
@@ -148,12 +146,3 @@ func smpFromEnv() (int, error) {
 	return n, nil
 }
 
-// TEMP until kvmbuild.go lands.
-const (
-	KVMAMDStock    = "stock"
-	KVMAMDSTIVMRUN = "sti-vmrun"
-)
-
-func buildKVMAMD(ctx context.Context, cacheDir string, k *guestimage.Kernel, variant string, logf func(string, ...any)) (string, error) {
-	return "", fmt.Errorf("not yet")
-}
