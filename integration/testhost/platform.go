@@ -145,4 +145,3 @@ func smpFromEnv() (int, error) {
 	}
 	return n, nil
 }
-
