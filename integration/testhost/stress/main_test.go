@@ -8,8 +8,8 @@
 //	CUBE_STRESS_LIFECYCLES=50 CUBE_TESTHOST_KVM_AMD=stock CUBE_TESTHOST_CPU=EPYC-Rome,+svm,+npt make stress
 //
 // The platform under test comes from the CUBE_TESTHOST_* variables (testhost.Platform). It ends with one
-// line of figures ("stress: ..."); each kernel report is kept in CUBE_STRESS_LOG (default a new
-// /tmp/cube-stress-* directory).
+// line of figures ("stress: ..."); every test host's output and console, and each kernel report, are kept in
+// CUBE_STRESS_LOG (default a new /tmp/cube-stress-* directory).
 package stress
 
 import (
@@ -118,6 +118,9 @@ func drive(env *sandboxenv.Env, total int) int {
 		if re != nil {
 			res = re.Result
 		}
+		// Everything a test host printed stays for reading later, whatever happened.
+		os.WriteFile(filepath.Join(logDir, fmt.Sprintf("host-%02d.output", t.hosts)), res.Output, 0o644)
+		os.WriteFile(filepath.Join(logDir, fmt.Sprintf("host-%02d.console", t.hosts)), res.Console, 0o644)
 		lines := parseLines(res.Output)
 		for _, l := range lines {
 			t.results[l.Result]++
@@ -131,8 +134,8 @@ func drive(env *sandboxenv.Env, total int) int {
 		case kind != "":
 			t.kernelTotal++
 			t.kernel[kind]++
-			f := filepath.Join(logDir, fmt.Sprintf("host-%02d-%s.console", t.hosts, kind))
-			os.WriteFile(f, res.Console, 0o644)
+			f := filepath.Join(logDir, fmt.Sprintf("host-%02d-%s.report", t.hosts, kind))
+			os.WriteFile(f, []byte(report), 0o644)
 			fmt.Printf("stress: test host %d: kernel failure (%s) after %d lifecycles here: %s (console in %s)\n",
 				t.hosts, kind, len(lines), firstLine(report), f)
 			if re != nil && done < total {
@@ -141,8 +144,7 @@ func drive(env *sandboxenv.Env, total int) int {
 				done++
 			}
 		case re != nil:
-			f := filepath.Join(logDir, fmt.Sprintf("host-%02d-hang.console", t.hosts))
-			os.WriteFile(f, res.Console, 0o644)
+			f := filepath.Join(logDir, fmt.Sprintf("host-%02d.console", t.hosts))
 			fmt.Printf("stress: test host %d: %s (console in %s)\n", t.hosts, re.Reason, f)
 			t.results["host-hang"]++
 			done++
