@@ -18,6 +18,7 @@ import (
 	"github.com/cube-runtime/cube/hypervisor/control"
 	"github.com/cube-runtime/cube/hypervisor/virtio/vsock"
 	"github.com/cube-runtime/cube/integration/sandboxenv"
+	"github.com/cube-runtime/cube/integration/testhost"
 	"github.com/cube-runtime/cube/integration/vmmrun"
 )
 
@@ -49,6 +50,9 @@ const linePrefix = "STRESS "
 // it, SIGKILL cube-vmm while its vCPUs are in KVM_RUN. A failed lifecycle is a measurement, not a test
 // failure: it prints its result and the next one starts.
 func TestLifecycles(t *testing.T) {
+	if !testhost.Inside() {
+		t.Skipf("the lifecycles run inside a test host that the package's TestMain boots when %s is set", envLifecycles)
+	}
 	count, err := strconv.Atoi(os.Getenv(envCount))
 	if err != nil || count < 1 {
 		t.Fatalf("%s=%q: want the number of lifecycles (the host side sets it)", envCount, os.Getenv(envCount))
