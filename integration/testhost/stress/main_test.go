@@ -211,18 +211,26 @@ var kernelKinds = []struct {
 	{"panic", regexp.MustCompile(`Kernel panic - not syncing`)},
 }
 
-// kernelFailure names the kind of the first kernel failure on a console ("" if none) and the report.
+// kernelFailure names the kind of the first kernel failure on a console ("" if none) and the report: the
+// earliest line any kind matches, classified by the most specific kind that matches that line.
 func kernelFailure(console []byte) (string, string) {
-	first, kind := -1, ""
+	first := -1
 	for _, k := range kernelKinds {
 		if loc := k.re.FindIndex(console); loc != nil && (first < 0 || loc[0] < first) {
-			first, kind = loc[0], k.kind
+			first = loc[0]
 		}
 	}
-	if kind == "" {
+	if first < 0 {
 		return "", ""
 	}
-	return kind, testhost.KernelReport(console, 80)
+	start := bytes.LastIndexByte(console[:first], '\n') + 1
+	line, _, _ := bytes.Cut(console[start:], []byte("\n"))
+	for _, k := range kernelKinds {
+		if k.re.Match(line) {
+			return k.kind, testhost.KernelReport(console, 80)
+		}
+	}
+	return "unknown", testhost.KernelReport(console, 80)
 }
 
 func firstLine(s string) string {
