@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cube-runtime/cube/hypervisor/control"
+	"github.com/cube-runtime/cube/integration/benchloss"
 	"github.com/cube-runtime/cube/shim/config"
 	"github.com/cube-runtime/cube/shim/sandbox"
 )
@@ -22,55 +24,82 @@ import (
 // test host, with io.cube.v1 cold-booting a VM, io.cube.v1 restoring a
 // template snapshot, and io.containerd.runc.v2 on overlayfs. Run with
 // -benchtime 10x (or more): each variant logs its median and the end prints
-// a table of medians and ratios.
+// a table of medians and ratios. A run whose sandbox VM was lost (its VMM
+// exited 10 or was killed, or the agent never answered) is taken again,
+// counted and left out of the median (benchloss).
 func BenchmarkCtrRunTrue(b *testing.B) {
 	d := startDaemons(b)
 	medians := map[string]time.Duration{}
-	run := func(b *testing.B, name string, args ...string) {
+	lost := map[string]int{}
+	run := func(b *testing.B, loss *benchloss.Counter, name string, args ...string) {
 		var times []time.Duration
-		for i := 0; b.Loop(); i++ {
-			id := fmt.Sprintf("%s%d", name, i)
-			start := time.Now()
-			out, rc, err := d.ctrQuiet(nil, append(append([]string{"run", "--rm"}, args...), imageRef, id, "true")...)
-			times = append(times, time.Since(start))
-			if err != nil || rc != 0 {
-				b.Fatalf("ctr run %v: rc %d %v\n%s", args, rc, err, out)
-			}
+		n := 0
+		for b.Loop() {
+			loss.Stop(b, loss.Sample(fmt.Sprintf("%s run %d", name, len(times)+1), func() error {
+				n++
+				id := fmt.Sprintf("%s%d", name, n) // a fresh sandbox per attempt
+				cargs := append(append([]string{"run", "--rm"}, args...), imageRef, id, "true")
+				from := d.logSize()
+				start := time.Now()
+				out, rc, err := d.ctrQuiet(nil, cargs...)
+				took := time.Since(start)
+				if err != nil || rc != 0 {
+					d.forget(id)
+					return d.ctrFailure(cargs, out, rc, err, from)
+				}
+				times = append(times, took)
+				return nil
+			}))
 		}
-		m := median(times)
-		medians[name] = m
-		b.ReportMetric(float64(m.Microseconds())/1000, "median-ms")
-		b.Logf("%s: %d runs, median %v, min %v, max %v", name, len(times), m, slices.Min(times), slices.Max(times))
+		lost[name] = loss.N()
+		if len(times) > 0 {
+			m := median(times)
+			medians[name] = m
+			b.ReportMetric(float64(m.Microseconds())/1000, "median-ms")
+			b.Logf("%s: %d runs, median %v, min %v, max %v", name, len(times), m, slices.Min(times), slices.Max(times))
+		}
+		loss.Check(b)
 	}
-	b.Run("cube-cold", func(b *testing.B) { run(b, "cube-cold", cubeRuntime.args...) })
-	b.Run("cube-template", func(b *testing.B) { run(b, "cube-template", d.templateRuntime(b)...) })
+	b.Run("cube-cold", func(b *testing.B) { run(b, benchloss.New(b), "cube-cold", cubeRuntime.args...) })
+	b.Run("cube-template", func(b *testing.B) {
+		loss := benchloss.New(b)
+		run(b, loss, "cube-template", d.templateRuntime(b, loss)...)
+	})
 	b.Run("runc", func(b *testing.B) {
 		if _, err := os.Stat("/cube/bin/runc"); err != nil {
 			b.Skip("runc not in the test host (not found on the machine)")
 		}
-		run(b, "runc", runcRuntime.args...)
+		run(b, benchloss.New(b), "runc", runcRuntime.args...)
 	})
+	fmt.Print(runTable(medians, lost))
+}
+
+// runTable is BenchmarkCtrRunTrue's table.
+func runTable(medians map[string]time.Duration, lost map[string]int) string {
 	var t strings.Builder
 	fmt.Fprintf(&t, "\n`ctr run --rm … true` in the test host (median of -benchtime runs):\n\n")
-	fmt.Fprintf(&t, "| runtime | median | vs runc |\n|---|---|---|\n")
+	fmt.Fprintf(&t, "| runtime | median | vs runc | lost VMs |\n|---|---|---|---|\n")
+	total := 0
 	for _, n := range []string{"cube-cold", "cube-template", "runc"} {
+		total += lost[n]
 		m, ok := medians[n]
 		if !ok {
-			fmt.Fprintf(&t, "| %s | not run | |\n", n)
+			fmt.Fprintf(&t, "| %s | not run | | %d |\n", n, lost[n])
 			continue
 		}
 		ratio := ""
 		if r, ok := medians["runc"]; ok && r > 0 {
 			ratio = fmt.Sprintf("%.2fx", float64(m)/float64(r))
 		}
-		fmt.Fprintf(&t, "| %s | %v | %s |\n", n, m.Round(time.Millisecond), ratio)
+		fmt.Fprintf(&t, "| %s | %v | %s | %d |\n", n, m.Round(time.Millisecond), ratio, lost[n])
 	}
 	if c, ok := medians["cube-cold"]; ok {
 		if tm, ok := medians["cube-template"]; ok && tm > 0 {
 			fmt.Fprintf(&t, "\ncold boot / template restore: %.2fx\n", float64(c)/float64(tm))
 		}
 	}
-	fmt.Print(t.String())
+	fmt.Fprintf(&t, "lost VMs: %d (left out of the medians)\n", total)
+	return t.String()
 }
 
 func median(ds []time.Duration) time.Duration {
@@ -87,20 +116,28 @@ func median(ds []time.Duration) time.Duration {
 
 // templateRuntime returns the ctr run flags for io.cube.v1 restoring a
 // template made for this benchmark, after one probe run; it skips the
-// benchmark where cube-vmm cannot attach the rootfs to a restored VM.
-func (d *daemons) templateRuntime(b *testing.B) []string {
-	conf, err := d.templateConfig(b)
-	if err != nil {
-		b.Fatal(err)
-	}
-	args := append([]string{"--runtime-config-path", conf}, cubeRuntime.args...)
-	out, rc, err := d.ctrQuiet(nil, append(append([]string{"run", "--rm"}, args...), imageRef, "probe", "true")...)
-	if err == nil && rc != 0 && strings.Contains(out, "disk-set") {
-		b.Skipf("template restore needs cube-vmm's disk-set control op, which this cube-vmm lacks:\n%s", out)
-	}
-	if err != nil || rc != 0 {
-		b.Fatalf("ctr run from the template: rc %d %v\n%s", rc, err, out)
-	}
+// benchmark where cube-vmm cannot attach the rootfs to a restored VM. A
+// template VM or probe sandbox that is lost is made again (loss).
+func (d *daemons) templateRuntime(b *testing.B, loss *benchloss.Counter) []string {
+	var args []string
+	loss.Stop(b, loss.Sample("template and probe run", func() error {
+		conf, err := d.templateConfig(b)
+		if err != nil {
+			return benchloss.Sandbox(err.Error(), err)
+		}
+		args = append([]string{"--runtime-config-path", conf}, cubeRuntime.args...)
+		cargs := append(append([]string{"run", "--rm"}, args...), imageRef, "probe", "true")
+		from := d.logSize()
+		out, rc, err := d.ctrQuiet(nil, cargs...)
+		if err == nil && rc != 0 && strings.Contains(out, "disk-set") {
+			b.Skipf("template restore needs cube-vmm's disk-set control op, which this cube-vmm lacks:\n%s", out)
+		}
+		if err != nil || rc != 0 {
+			d.forget("probe")
+			return d.ctrFailure(cargs, out, rc, err, from)
+		}
+		return nil
+	}))
 	return args
 }
 
@@ -117,6 +154,8 @@ func (d *daemons) templateConfig(tb testing.TB) (string, error) {
 	vmDir := filepath.Join(d.dir, "tmplvm")
 	tmpl := filepath.Join(d.dir, "template")
 	conf := filepath.Join(d.dir, "shim-template.toml")
+	os.RemoveAll(vmDir) // an earlier attempt's, whose VM was lost
+	os.RemoveAll(tmpl)
 	sb, err := sandbox.New(sandbox.Options{
 		ID: "template", Dir: vmDir, Kernel: cfg.Kernel, Initrd: cfg.Initrd, Cmdline: cfg.Cmdline,
 		MemoryMiB: cfg.MemoryMiB, VCPUs: cfg.VCPUs, DiskSlots: int(cfg.DiskSlots), BootTimeout: 5 * time.Minute,
@@ -158,48 +197,32 @@ func (d *daemons) templateConfig(tb testing.TB) (string, error) {
 // guest's own memory. Run with -benchtime 1x: the fill is the measurement.
 func BenchmarkCtrDensity(b *testing.B) {
 	d := startDaemons(b)
-	b.Run("cold", func(b *testing.B) { d.density(b, "cold", cubeRuntime.args) })
-	b.Run("template", func(b *testing.B) { d.density(b, "template", d.templateRuntime(b)) })
+	b.Run("cold", func(b *testing.B) { d.density(b, benchloss.New(b), "cold", cubeRuntime.args) })
+	b.Run("template", func(b *testing.B) {
+		loss := benchloss.New(b)
+		d.density(b, loss, "template", d.templateRuntime(b, loss))
+	})
 }
 
-func (d *daemons) density(b *testing.B, name string, args []string) {
-	const (
-		budgetMiB = 1024
-		maxBoxes  = 40 // a bound on the run time should the footprint be tiny
-	)
-	var (
-		ids   []string
-		total footprint
-	)
+// The fill of BenchmarkCtrDensity.
+const (
+	densityBudgetMiB = 1024
+	densityMaxBoxes  = 40 // a bound on the run time should the footprint be tiny
+)
+
+func (d *daemons) density(b *testing.B, loss *benchloss.Counter, name string, args []string) {
+	const budgetMiB, maxBoxes = densityBudgetMiB, densityMaxBoxes
+	var ids []string
 	defer func() {
 		for _, id := range ids {
-			d.ctrQuiet(nil, "task", "rm", "-f", id)
-			d.ctrQuiet(nil, "container", "rm", id)
+			d.forget(id)
 		}
 	}()
 	memBefore := memAvailableKiB()
+	var total footprint
 	stopped := "" // why the fill ended before the budget, if it did
 	for b.Loop() {
-		for len(ids) < maxBoxes && total.totalKiB() < budgetMiB*1024 {
-			id := fmt.Sprintf("%s-idle%d", name, len(ids))
-			if out, rc, err := d.ctrQuiet(nil, append(append([]string{"run", "-d"}, args...), imageRef, id, "sleep", "100000")...); err != nil || rc != 0 {
-				if len(ids) == 0 {
-					b.Fatalf("ctr run -d %s: rc %d %v\n%s", id, rc, err, out)
-				}
-				// Report what fit so far, and why the next one did not.
-				stopped = fmt.Sprintf("sandbox %d failed to start: %s", len(ids)+1, lastLines(strings.TrimSpace(out), 1))
-				b.Log(stopped)
-				d.ctrQuiet(nil, "container", "rm", id)
-				break
-			}
-			ids = append(ids, id)
-			// Settle: the guest finished booting and the container started; idle from here on.
-			time.Sleep(2 * time.Second)
-			var err error
-			if total, err = d.measure(ids); err != nil {
-				b.Fatal(err)
-			}
-		}
+		total, stopped = d.fill(b, loss, name, args, &ids)
 	}
 	n := len(ids)
 	memDrop := memBefore - memAvailableKiB()
@@ -226,6 +249,67 @@ func (d *daemons) density(b *testing.B, name string, args []string) {
 	fmt.Printf("| host overhead beyond guest memory, per sandbox | %.1f MiB |\n", overhead)
 	fmt.Printf("| host MemAvailable drop, per sandbox | %.1f MiB |\n", per(memDrop))
 	fmt.Printf("| sandboxes per %d MiB at this PSS | %d |\n", budgetMiB, fits)
+	fmt.Printf("lost VMs: %d (sandboxes whose VM was lost, removed and started again; not in the figures)\n", loss.N())
+	loss.Check(b)
+}
+
+// fill starts idle sandboxes until their footprint reaches the budget (or the cap), and returns it and why
+// the fill ended early, if it did (a sandbox that failed to start, past the first: the fill is the measure).
+// A sandbox whose VM is lost is removed, counted and started again under a new id.
+func (d *daemons) fill(b *testing.B, loss *benchloss.Counter, name string, args []string, ids *[]string) (footprint, string) {
+	var total footprint
+	for n := 0; len(*ids) < densityMaxBoxes && total.totalKiB() < densityBudgetMiB*1024; {
+		var started string
+		err := loss.Sample(fmt.Sprintf("%s sandbox %d", name, len(*ids)+1), func() error {
+			n++
+			started = fmt.Sprintf("%s-idle%d", name, n)
+			return d.startIdle(started, args)
+		})
+		if errors.Is(err, benchloss.ErrBound) {
+			return total, "too many lost VMs"
+		}
+		if err != nil {
+			if len(*ids) == 0 {
+				b.Fatal(err)
+			}
+			// Report what fit so far, and why the next one did not.
+			stopped := fmt.Sprintf("sandbox %d failed to start: %s", len(*ids)+1, firstLine(err.Error()))
+			b.Log(stopped)
+			return total, stopped
+		}
+		*ids = append(*ids, started)
+		if total, err = d.measure(*ids); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return total, ""
+}
+
+// startIdle starts sandbox id (`ctr run -d … sleep`) and lets it settle (the guest finished booting and the
+// container started; idle from here on); a sandbox that failed or no longer runs is removed, with its failure
+// classified (benchloss.Sandbox).
+func (d *daemons) startIdle(id string, args []string) error {
+	cargs := append(append([]string{"run", "-d"}, args...), imageRef, id, "sleep", "100000")
+	from := d.logSize()
+	out, rc, err := d.ctrQuiet(nil, cargs...)
+	if err != nil || rc != 0 {
+		d.forget(id)
+		return d.ctrFailure(cargs, out, rc, err, from)
+	}
+	time.Sleep(2 * time.Second)
+	ls, _, _ := d.ctrQuiet(nil, "task", "ls")
+	for _, l := range strings.Split(ls, "\n") {
+		if f := strings.Fields(l); len(f) == 3 && f[0] == id && f[2] == "RUNNING" {
+			return nil
+		}
+	}
+	d.forget(id)
+	return d.ctrFailure([]string{"task", "ls"}, fmt.Sprintf("sandbox %s is not running after it started:\n%s", id, ls), 1, nil, from)
+}
+
+func firstLine(s string) string {
+	l, _, _ := strings.Cut(s, "\n")
+	return l
 }
 
 // footprint sums PSS (KiB) over sandboxes.

@@ -1,34 +1,53 @@
 package snapshot
 
 import (
+	"fmt"
 	"path/filepath"
-	"testing"
 	"time"
 )
 
-// restoreStandby is the restore latency of a standby cube-vmm (`cube-vmm restore -standby`, started and
-// waiting beforehand, not timed): the restore op sent → its answer, which comes once the VM runs.
-func restoreStandby(tb testing.TB, dir, snap string) time.Duration {
-	tb.Helper()
+// restoreStandbyErr is the restore latency of a standby cube-vmm (`cube-vmm restore -standby`, started and
+// waiting beforehand, not timed): the restore op sent → its answer, which comes once the VM runs. Errors are
+// classified as the other control ops' (ctlDo).
+func restoreStandbyErr(dir, snap string) (time.Duration, error) {
 	sock := filepath.Join(dir, "cube-standby.sock")
-	p := startProc(tb, cubeVMM, "restore", "-standby", "-control", sock, "-console", "none")
-	ctl := dialControl(tb, p, sock, time.Minute)
+	p, err := startProcErr(cubeVMM, "restore", "-standby", "-control", sock, "-console", "none")
+	if err != nil {
+		return 0, err
+	}
+	defer p.kill()
+	ctl, err := dialControlErr(p, sock, time.Minute)
+	if err != nil {
+		return 0, err
+	}
+	v := &cubeVM{p: p, ctl: ctl}
 	var info struct {
 		State string `json:"state"`
 	}
-	if err := ctl.Info(&info); err != nil || info.State != "standby" {
-		tb.Fatalf("standby info: %q %v\n%s", info.State, err, p.tail())
+	if err := v.ctlDo("standby info", func() error { return ctl.Info(&info) }); err != nil {
+		v.abandon()
+		return 0, err
 	}
-	t0 := time.Now()
-	if _, err := ctl.Restore(snap, false); err != nil {
-		tb.Fatalf("standby restore: %v\n%s", err, p.tail())
+	if info.State != "standby" {
+		v.abandon()
+		return 0, fmt.Errorf("standby cube-vmm: state %q, want standby\n%s", info.State, p.tail())
 	}
-	d := time.Since(t0)
-	if err := ctl.Info(&info); err != nil || info.State != "running" {
-		tb.Fatalf("after the standby restore: %q %v\n%s", info.State, err, p.tail())
+	var d time.Duration
+	err = v.ctlDo("standby restore "+snap, func() error {
+		t0 := time.Now()
+		_, err := ctl.Restore(snap, false)
+		d = time.Since(t0)
+		return err
+	})
+	if err == nil {
+		err = v.ctlDo("info after the standby restore", func() error { return ctl.Info(&info) })
 	}
-	ctl.Stop()
-	ctl.Close()
-	p.wait(tb, time.Minute)
-	return d
+	if err == nil && info.State != "running" {
+		err = fmt.Errorf("after the standby restore: state %q, want running\n%s", info.State, p.tail())
+	}
+	if err != nil {
+		v.abandon()
+		return 0, err
+	}
+	return d, v.stopErr()
 }

@@ -7,6 +7,7 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"os/exec"
 	"strings"
 	"sync"
@@ -90,15 +91,23 @@ func (r *Process) WaitLine(t testing.TB, s string, timeout time.Duration) {
 	}
 }
 
-// wait waits for cube-vmm to exit and returns its status.
+// Wait waits for cube-vmm to exit and returns its status.
 func (r *Process) Wait(t testing.TB, timeout time.Duration) int {
 	t.Helper()
+	st, err := r.WaitErr(timeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// WaitErr is Wait returning an error, with the console tail, if cube-vmm still runs after timeout.
+func (r *Process) WaitErr(timeout time.Duration) (int, error) {
 	select {
 	case <-r.done:
-		return r.exit
+		return r.exit, nil
 	case <-time.After(timeout):
-		t.Fatalf("cube-vmm still running after %v; console:\n%s", timeout, r.ConsoleTail())
-		return -1
+		return -1, fmt.Errorf("cube-vmm still running after %v; console:\n%s", timeout, r.ConsoleTail())
 	}
 }
 
