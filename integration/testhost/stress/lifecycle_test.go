@@ -58,6 +58,11 @@ func TestLifecycles(t *testing.T) {
 		t.Fatalf("%s=%q: want the number of lifecycles (the host side sets it)", envCount, os.Getenv(envCount))
 	}
 	first, _ := strconv.Atoi(os.Getenv(envFirst))
+	if os.Getenv(envLoad) == "1" {
+		// On the root disk (ext4 on virtio-blk), not the tmpfs /tmp.
+		stop := startLoad("/cube/work")
+		defer stop()
+	}
 	for n := first; n < first+count; n++ {
 		var l stressLine
 		t.Run(fmt.Sprintf("lifecycle-%d", n), func(t *testing.T) { l = lifecycle(t, n) })

@@ -6,6 +6,7 @@
 //
 //	CUBE_STRESS_LIFECYCLES=50 make stress
 //	CUBE_STRESS_LIFECYCLES=50 CUBE_TESTHOST_KVM_AMD=stock CUBE_TESTHOST_CPU=EPYC-Rome,+svm,+npt make stress
+//	CUBE_STRESS_HOST_LOAD=1 ...   (forks, TLB shootdowns and disk interrupts in the test host meanwhile)
 //
 // The platform under test comes from the CUBE_TESTHOST_* variables (testhost.Platform). It ends with one
 // line of figures ("stress: ..."); every test host's output and console, and each kernel report, are kept in
@@ -99,7 +100,11 @@ func drive(env *sandboxenv.Env, total int) int {
 		return 1
 	}
 	platform := (testhost.Options{}).Resolved().Platform
-	fmt.Printf("stress: %d lifecycles on %s; kernel reports go to %s\n", total, platform, logDir)
+	load := "no host load"
+	if os.Getenv(envLoad) == "1" {
+		load = "host load"
+	}
+	fmt.Printf("stress: %d lifecycles on %s, %s; logs go to %s\n", total, platform, load, logDir)
 	t := &tally{results: map[string]int{}, kernel: map[string]int{}}
 	begin := time.Now()
 	for done := 0; done < total && ctx.Err() == nil; {
@@ -108,7 +113,8 @@ func drive(env *sandboxenv.Env, total int) int {
 		o := testhost.Options{
 			Files:   env.Files,
 			Timeout: 5*time.Minute + time.Duration(left)*time.Minute,
-			Env:     []string{envCount + "=" + strconv.Itoa(left), envFirst + "=" + strconv.Itoa(done+1)},
+			Env: []string{envCount + "=" + strconv.Itoa(left), envFirst + "=" + strconv.Itoa(done+1),
+				envLoad + "=" + os.Getenv(envLoad)},
 		}
 		res, err := testhost.Run(ctx, o, testhost.Payload{Binary: exe, Args: []string{"-test.run=^TestLifecycles$", "-test.v"}}, progress{})
 		var re *testhost.RunError
@@ -157,7 +163,7 @@ func drive(env *sandboxenv.Env, total int) int {
 	}
 	t.lifecycles = total
 	t.wall = time.Since(begin)
-	fmt.Println(t.summary(platform))
+	fmt.Println(t.summary(platform, load))
 	return 0
 }
 
@@ -247,7 +253,7 @@ func tail(b []byte, n int) string {
 }
 
 // summary is the one line of figures the measurement ends with.
-func (t *tally) summary(p testhost.Platform) string {
+func (t *tally) summary(p testhost.Platform, load string) string {
 	var kinds, res []string
 	for k, n := range t.kernel {
 		kinds = append(kinds, fmt.Sprintf("%s %d", k, n))
@@ -266,8 +272,8 @@ func (t *tally) summary(p testhost.Platform) string {
 		}
 		return t.boots[int(q*float64(len(t.boots)-1))]
 	}
-	return fmt.Sprintf("stress: %s | lifecycles %d, ok %d | test-host kernel failures %d [%s] | failed lifecycles [%s] | "+
+	return fmt.Sprintf("stress: %s, %s | lifecycles %d, ok %d | test-host kernel failures %d [%s] | failed lifecycles [%s] | "+
 		"WARNINGs %d | nested boot ms median %d p90 %d max %d | test hosts %d | wall %s",
-		p, t.lifecycles, t.results[resultOK], t.kernelTotal, strings.Join(kinds, ", "), strings.Join(res, ", "),
+		p, load, t.lifecycles, t.results[resultOK], t.kernelTotal, strings.Join(kinds, ", "), strings.Join(res, ", "),
 		t.warnings, pct(0.5), pct(0.9), pct(1), t.hosts, t.wall.Round(time.Second))
 }

@@ -39,8 +39,8 @@ func TestKernelFailureKinds(t *testing.T) {
 func TestSummary(t *testing.T) {
 	tl := &tally{lifecycles: 4, results: map[string]int{resultOK: 2, resultKernel: 1, resultStall: 1},
 		kernel: map[string]int{"stack-guard": 1}, kernelTotal: 1, hosts: 2, boots: []int64{300, 100, 200}, wall: 90 * time.Second}
-	s := tl.summary(testhost.Platform{Accel: "tcg", CPU: "EPYC,+svm", KVMAMD: "stock"})
-	for _, want := range []string{"lifecycles 4, ok 2", "kernel failures 1 [stack-guard 1]", "kernel-failed 1, stall 1", "median 200 p90 200 max 300", "test hosts 2", "wall 1m30s"} {
+	s := tl.summary(testhost.Platform{Accel: "tcg", CPU: "EPYC,+svm", KVMAMD: "stock"}, "host load")
+	for _, want := range []string{"kvm-amd=stock, host load | lifecycles 4, ok 2", "kernel failures 1 [stack-guard 1]", "kernel-failed 1, stall 1", "median 200 p90 200 max 300", "test hosts 2", "wall 1m30s"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("summary %q lacks %q", s, want)
 		}
