@@ -209,7 +209,7 @@ var kernelKinds = []struct {
 	kind string
 	re   *regexp.Regexp
 }{
-	{"stack-guard", regexp.MustCompile(`BUG: stack guard page was hit|kernel stack overflow|corrupted stack end`)},
+	{"stack-guard", regexp.MustCompile(`stack guard page was hit|kernel stack overflow|corrupted stack end`)},
 	{"soft-lockup", regexp.MustCompile(`watchdog: BUG: soft lockup`)},
 	{"rcu-stall", regexp.MustCompile(`rcu: INFO: rcu_\w+ (self-detected stall|detected stalls)`)},
 	{"double-fault", regexp.MustCompile(`double fault`)},

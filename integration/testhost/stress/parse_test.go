@@ -22,7 +22,7 @@ func TestParseLines(t *testing.T) {
 
 func TestKernelFailureKinds(t *testing.T) {
 	for _, c := range []struct{ console, kind string }{
-		{"[ 1.0] ok\n[ 2.0] BUG: stack guard page was hit at 0000 (stack is ...)\n[ 2.1] Kernel panic - not syncing: Fatal exception in interrupt\n", "stack-guard"},
+		{"[ 1.0] ok\n[ 2.0] BUG: TASK stack guard page was hit at 0000 (stack is ...)\n[ 2.1] Kernel panic - not syncing: Fatal exception in interrupt\n", "stack-guard"},
 		{"[ 3.0] Kernel panic - not syncing: corrupted stack end detected inside scheduler\n", "stack-guard"},
 		{"[ 5.0] watchdog: BUG: soft lockup - CPU#1 stuck for 22s! [cube-vmm:99]\n", "soft-lockup"},
 		{"[ 5.0] rcu: INFO: rcu_preempt self-detected stall on CPU\n", "rcu-stall"},
