@@ -495,12 +495,79 @@ func TestCtrTasks(t *testing.T) {
 			if tk := ls[id]; tk.status != "RUNNING" || tk.pid != pid {
 				t.Errorf("%s after the restart: %+v, want RUNNING with pid %d", id, tk, pid)
 			}
-			out, rc, err := d.ctr("task", "exec", "--exec-id", "after", id, "sh", "-c", "echo still-here; exit 2")
+			// Once (io.cube.v1, about 1 run in 5) this exec never returned: a shorter bound than ctr's
+			// usual, and on a hang what ctr, containerd and the shim were doing.
+			args := []string{"task", "exec", "--exec-id", "after", id, "sh", "-c", "echo still-here; exit 2"}
+			out, rc, err, hung := d.ctrWithin(execHangTimeout, args...)
+			t.Logf("ctr %s: rc %d\n%s", strings.Join(args, " "), rc, out)
+			if hung {
+				t.Errorf("%s: ctr task exec after the restart still running after %v (killed); output so far %q", id, execHangTimeout, out)
+				d.diagnoseHang(t, id, pids[id])
+				continue
+			}
 			if err != nil || rc != 2 || !strings.Contains(out, "still-here") {
 				t.Errorf("%s: ctr task exec after the restart: rc %d %v, want 2 and the output", id, rc, err)
 			}
 		}
 	})
+}
+
+// execHangTimeout bounds a `ctr task exec` of a short command whose hang the
+// test diagnoses (ctr's usual bound is 5 minutes).
+const execHangTimeout = 2 * time.Minute
+
+// ctrWithin is ctr (no stdin, output combined) bounded by within; hung says ctr was still running then
+// and was killed.
+func (d *daemons) ctrWithin(within time.Duration, args ...string) (out string, rc int, err error, hung bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	cmd := d.ctrCmd(ctx, args...)
+	cmd.WaitDelay = 10 * time.Second
+	b, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		return string(b), -1, err, true
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return string(b), ee.ExitCode(), nil, false
+	}
+	return string(b), 0, err, false
+}
+
+// diagnoseHang logs what a hung `ctr task exec` into task id (whose task pid
+// is pid: the VMM's for io.cube.v1, the container's init for runc; the shim is
+// its parent either way) was waiting for: `ctr task ls` and `ctr task ps`
+// (Pids: whether the shim, and for io.cube.v1 the guest agent, still answer),
+// then a goroutine dump of the shim and of containerd — both dump their stacks
+// into their log on SIGUSR1 and carry on; the shim's log reaches containerd's
+// through the shim log fifo — and the tail of containerd's log. The sandbox
+// VMs' console tails follow at the end of the test (dumpConsolesOnFailure).
+func (d *daemons) diagnoseHang(t *testing.T, id string, pid int) {
+	t.Helper()
+	for _, args := range [][]string{{"task", "ls"}, {"task", "ps", id}} {
+		out, rc, err, hung := d.ctrWithin(30*time.Second, args...)
+		t.Logf("diagnose: ctr %s: rc %d err %v hung %v\n%s", strings.Join(args, " "), rc, err, hung, out)
+	}
+	if shim, err := parentPid(pid); err != nil {
+		t.Logf("diagnose: the shim of %s (parent of pid %d): %v", id, pid, err)
+	} else {
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", shim))
+		t.Logf("diagnose: shim of %s: pid %d (%s); SIGUSR1 for a goroutine dump: %v", id, shim,
+			strings.ReplaceAll(strings.TrimRight(string(cmdline), "\x00"), "\x00", " "), syscall.Kill(shim, syscall.SIGUSR1))
+	}
+	if d.cd != nil && d.cd.Process != nil {
+		t.Logf("diagnose: containerd pid %d, SIGUSR1 for a goroutine dump: %v", d.cd.Process.Pid, d.cd.Process.Signal(syscall.SIGUSR1))
+	}
+	time.Sleep(2 * time.Second) // the dumps travel through the shim log fifo into containerd's log
+	b, err := os.ReadFile(filepath.Join(d.dir, "containerd.log"))
+	if err != nil {
+		t.Logf("diagnose: containerd log: %v", err)
+		return
+	}
+	// A stack dump is one log line with its newlines escaped: unescape it to be read.
+	tail := lastLines(string(b), 300)
+	tail = strings.NewReplacer(`\n`, "\n", `\t`, "\t").Replace(tail)
+	t.Logf("diagnose: containerd log (tail, the shim's lines included):\n%s", tail)
 }
 
 // ctrTTY runs ctr with a pseudo-terminal of the given size as its stdin,

@@ -253,6 +253,7 @@ func TestContainerLifecycleInMicroVM(t *testing.T) {
 	if ents, _ := os.ReadDir(e.stateDir); len(ents) != 0 {
 		t.Fatalf("sandbox state left: %v", ents)
 	}
+	e.must("flush events", e.svc.FlushEvents(e.ctx))
 	t.Logf("events: %v", e.events.topics)
 }
 
@@ -279,6 +280,7 @@ func TestVMMKilled(t *testing.T) {
 	}
 	_, err = e.svc.Delete(e.ctx, &taskAPI.DeleteRequest{ID: "c2"})
 	e.must("delete", err)
+	e.must("flush events", e.svc.FlushEvents(e.ctx)) // events go out asynchronously
 	found := false
 	for _, tp := range e.events.topics {
 		found = found || tp == "/tasks/exit"

@@ -17,7 +17,6 @@ import (
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/v2/core/events"
-	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/shutdown"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
@@ -59,8 +58,10 @@ type Service struct {
 	// bootMu serializes booting the sandbox VM (the first Create).
 	bootMu sync.Mutex
 	// lifecycleMu orders a process's start event before its exit event: Start
-	// holds it from the agent call until the start event is published.
+	// holds it from the agent call until the start event is queued.
 	lifecycleMu sync.Mutex
+	// events go to containerd in queue order, asynchronously (events.go).
+	events *eventQueue
 }
 
 type container struct {
@@ -94,8 +95,28 @@ func New(o Options) *Service {
 	if o.NewSandbox == nil {
 		o.NewSandbox = ProcessSandboxFactory(o.Namespace, o.Log)
 	}
-	return &Service{o: o, containers: map[string]*container{}}
+	s := &Service{o: o, containers: map[string]*container{}}
+	s.events = newEventQueue(func(ctx context.Context, topic string, ev events.Event) error {
+		return s.o.Publisher.Publish(ctx, topic, ev)
+	}, o.Log)
+	if o.Shutdown != nil {
+		// Ordering: the last events (the delete of the last container) go out
+		// before the shim exits. pkg/shim gives the shutdown 5 s in all.
+		o.Shutdown.RegisterCallback(func(ctx context.Context) error {
+			ctx, cancel := context.WithTimeout(ctx, shutdownFlushTimeout)
+			defer cancel()
+			if err := s.events.flush(ctx); err != nil {
+				s.o.Log.WithError(err).Warn("events not all handed to containerd before the shim exits")
+			}
+			return nil
+		})
+	}
+	return s
 }
+
+// shutdownFlushTimeout bounds how long the shim's exit waits for queued
+// events (pkg/shim gives up on a shutdown after 5 s).
+const shutdownFlushTimeout = 3 * time.Second
 
 // RegisterTTRPC implements shim.TTRPCService.
 func (s *Service) RegisterTTRPC(server *ttrpc.Server) error {
@@ -188,18 +209,6 @@ func (s *Service) hostPid() uint32 {
 		return 0
 	}
 	return uint32(sb.Pid())
-}
-
-func (s *Service) publish(ctx context.Context, topic string, ev events.Event) {
-	if s.o.Publisher == nil {
-		return
-	}
-	// Events must not carry the RPC's deadline (publishing outlives it), and
-	// must name the namespace: exits are published from no RPC at all.
-	ctx = namespaces.WithNamespace(context.WithoutCancel(ctx), s.o.Namespace)
-	if err := s.o.Publisher.Publish(ctx, topic, ev); err != nil {
-		s.o.Log.WithError(err).WithField("topic", topic).Error("publish event")
-	}
 }
 
 func errOut(err error) error {

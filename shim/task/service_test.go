@@ -186,6 +186,27 @@ func (h *harness) fifos(withStdin bool) *fifos {
 	return f
 }
 
+// topics and find read the events once every event queued so far has been
+// handed to the publisher (events go out asynchronously).
+func (h *harness) topics() []string {
+	h.t.Helper()
+	h.flushEvents()
+	return h.events.topics()
+}
+
+func (h *harness) find(topic string) []events.Event {
+	h.t.Helper()
+	h.flushEvents()
+	return h.events.find(topic)
+}
+
+func (h *harness) flushEvents() {
+	h.t.Helper()
+	if err := h.svc.FlushEvents(h.ctx); err != nil {
+		h.t.Fatalf("flush events: %v", err)
+	}
+}
+
 func (h *harness) create(id string, args []string, f *fifos, ann map[string]string) *taskAPI.CreateTaskResponse {
 	h.t.Helper()
 	req := &taskAPI.CreateTaskRequest{ID: id, Bundle: h.bundle(id, args, false, ann), Rootfs: rootfs("/images/" + id + ".ext4")}
@@ -287,7 +308,7 @@ func TestRunPrintsOutputAndExitsZero(t *testing.T) {
 		t.Fatalf("delete %+v", d)
 	}
 	want := []string{runtime.TaskCreateEventTopic, runtime.TaskStartEventTopic, runtime.TaskExitEventTopic, runtime.TaskDeleteEventTopic}
-	if got := h.events.topics(); strings.Join(got, ",") != strings.Join(want, ",") {
+	if got := h.topics(); strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Fatalf("events %v, want %v", got, want)
 	}
 	// Deleting the last container powers the VM off and removes its state dir.
@@ -336,10 +357,10 @@ func TestExitCodesAndSignals(t *testing.T) {
 		wantCode(t, err, codes.NotFound, "already finished")
 		h.delete("c1", tc.exec)
 	}
-	if n := len(h.events.find(runtime.TaskExecAddedEventTopic)); n != 4 {
+	if n := len(h.find(runtime.TaskExecAddedEventTopic)); n != 4 {
 		t.Errorf("%d exec-added events", n)
 	}
-	if n := len(h.events.find(runtime.TaskExecStartedEventTopic)); n != 4 {
+	if n := len(h.find(runtime.TaskExecStartedEventTopic)); n != 4 {
 		t.Errorf("%d exec-started events", n)
 	}
 	_, err := h.svc.Delete(h.ctx, &taskAPI.DeleteRequest{ID: "c1"})
@@ -388,7 +409,7 @@ func TestKillAllEndsEveryProcess(t *testing.T) {
 	if st := h.wait("c1", ""); st != 137 {
 		t.Fatalf("init exit %d", st)
 	}
-	exits := h.events.find(runtime.TaskExitEventTopic)
+	exits := h.find(runtime.TaskExitEventTopic)
 	if len(exits) != 2 {
 		t.Fatalf("%d exit events", len(exits))
 	}
@@ -462,8 +483,8 @@ func TestPauseResume(t *testing.T) {
 	}
 	_, err = h.svc.Resume(h.ctx, &taskAPI.ResumeRequest{ID: "c1"})
 	wantCode(t, err, codes.FailedPrecondition, "running")
-	if len(h.events.find(runtime.TaskPausedEventTopic)) != 1 || len(h.events.find(runtime.TaskResumedEventTopic)) != 1 {
-		t.Fatalf("events %v", h.events.topics())
+	if len(h.find(runtime.TaskPausedEventTopic)) != 1 || len(h.find(runtime.TaskResumedEventTopic)) != 1 {
+		t.Fatalf("events %v", h.topics())
 	}
 }
 
@@ -510,7 +531,7 @@ func TestVMMDyingEndsTasks(t *testing.T) {
 	if st := h.wait("c1", "e1"); st != 137 {
 		t.Fatalf("exec exit after vmm death %d", st)
 	}
-	if n := len(h.events.find(runtime.TaskExitEventTopic)); n != 2 {
+	if n := len(h.find(runtime.TaskExitEventTopic)); n != 2 {
 		t.Fatalf("%d exit events", n)
 	}
 	// stdout reaches EOF: the client is not left hanging.
@@ -528,7 +549,7 @@ func TestVMMDyingEndsTasks(t *testing.T) {
 	if d.ExitStatus != 137 {
 		t.Fatalf("delete exit %d", d.ExitStatus)
 	}
-	ev := h.events.find(runtime.TaskDeleteEventTopic)
+	ev := h.find(runtime.TaskDeleteEventTopic)
 	if len(ev) != 1 || ev[0].(*eventstypes.TaskDelete).ExitStatus != 137 {
 		t.Fatalf("delete events %v", ev)
 	}
@@ -707,7 +728,7 @@ func TestTemplateRestore(t *testing.T) {
 		t.Fatalf("slot 0 after create = %q", got)
 	}
 	// Clock and RNG were refreshed before the container was created.
-	calls := strings.Join(h.agent.Calls, ",")
+	calls := strings.Join(h.agent.CallLog(), ",")
 	if !strings.Contains(calls, "Health,SetTime,ReseedRandom,MountDisk,CreateContainer") {
 		t.Fatalf("agent calls %s", calls)
 	}
@@ -745,6 +766,7 @@ func TestEventsCarryTheNamespace(t *testing.T) {
 	h.create("c1", []string{"exit", "0"}, nil, nil)
 	h.start("c1", "")
 	h.wait("c1", "")
+	h.flushEvents()
 	nsr.mu.Lock()
 	defer nsr.mu.Unlock()
 	if len(nsr.namespaces) < 3 {
@@ -800,7 +822,7 @@ func TestCheckpoint(t *testing.T) {
 	if !h.vmm.Paused || h.state("c1", "") != apitask.Status_PAUSED {
 		t.Fatal("checkpoint of a paused task did not leave it paused")
 	}
-	ev := h.events.find(runtime.TaskCheckpointedEventTopic)
+	ev := h.find(runtime.TaskCheckpointedEventTopic)
 	if len(ev) != 1 || ev[0].(*eventstypes.TaskCheckpointed).Checkpoint != filepath.Join(path, CheckpointDirName) {
 		t.Fatalf("checkpointed events %v", ev)
 	}
@@ -834,4 +856,160 @@ func TestCheckpoint(t *testing.T) {
 	if _, err := os.Stat(SandboxDir(h.stateDir, "test", "c1")); !os.IsNotExist(err) {
 		t.Fatalf("sandbox dir left after checkpoint --exit: %v", err)
 	}
+}
+
+// gatedPublisher is containerd's event endpoint that can stop taking events:
+// while closed, Publish blocks (containerd restarting, or slow to answer:
+// pkg/shim's publisher then redials and retries for seconds per event).
+type gatedPublisher struct {
+	rec  *recorder
+	mu   sync.Mutex
+	gate chan struct{} // closed while events are taken
+}
+
+func newGatedPublisher(rec *recorder) *gatedPublisher {
+	g := &gatedPublisher{rec: rec, gate: make(chan struct{})}
+	close(g.gate)
+	return g
+}
+
+func (g *gatedPublisher) Publish(ctx context.Context, topic string, ev events.Event) error {
+	g.mu.Lock()
+	gate := g.gate
+	g.mu.Unlock()
+	<-gate
+	return g.rec.Publish(ctx, topic, ev)
+}
+
+func (g *gatedPublisher) close() {
+	g.mu.Lock()
+	g.gate = make(chan struct{})
+	g.mu.Unlock()
+}
+
+func (g *gatedPublisher) open() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	select {
+	case <-g.gate:
+	default:
+		close(g.gate)
+	}
+}
+
+// An exec (Exec, Start, Wait) while containerd takes no events — as after a
+// restart of containerd, when `ctr task exec` once never returned — returns
+// its exit status at once; the events follow, in order, once containerd takes
+// them again.
+func TestExecDoesNotWaitForContainerdToTakeEvents(t *testing.T) {
+	h := newHarness(t)
+	pub := newGatedPublisher(h.events)
+	h.svc.o.Publisher = pub
+	t.Cleanup(pub.open) // lets a blocked RPC of a failed run return
+	h.create("c1", []string{"sleep"}, nil, nil)
+	h.start("c1", "")
+
+	pub.close()
+	type result struct {
+		status uint32
+		err    error
+	}
+	done := make(chan result, 1)
+	go func() {
+		b, _ := json.Marshal(specs.Process{Args: []string{"exit", "2"}, Cwd: "/"})
+		if _, err := h.svc.Exec(h.ctx, &taskAPI.ExecProcessRequest{ID: "c1", ExecID: "after",
+			Spec: &anypb.Any{TypeUrl: "types.containerd.io/opencontainers/runtime-spec/1/Process", Value: b}}); err != nil {
+			done <- result{err: fmt.Errorf("exec: %w", err)}
+			return
+		}
+		if _, err := h.svc.Start(h.ctx, &taskAPI.StartRequest{ID: "c1", ExecID: "after"}); err != nil {
+			done <- result{err: fmt.Errorf("start: %w", err)}
+			return
+		}
+		r, err := h.svc.Wait(h.ctx, &taskAPI.WaitRequest{ID: "c1", ExecID: "after"})
+		if err != nil {
+			done <- result{err: fmt.Errorf("wait: %w", err)}
+			return
+		}
+		done <- result{status: r.ExitStatus}
+	}()
+	select {
+	case r := <-done:
+		if r.err != nil || r.status != 2 {
+			t.Fatalf("exec while containerd takes no events: status %d, %v; want 2", r.status, r.err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("Exec/Start/Wait of an exec still blocked after 5s while containerd takes no events: an RPC waits for the event publisher (events so far: %v)", h.events.topics())
+	}
+	if got := h.state("c1", "after"); got != apitask.Status_STOPPED {
+		t.Fatalf("exec state %v, want STOPPED", got)
+	}
+	h.delete("c1", "after")
+
+	pub.open()
+	want := strings.Join([]string{runtime.TaskCreateEventTopic, runtime.TaskStartEventTopic,
+		runtime.TaskExecAddedEventTopic, runtime.TaskExecStartedEventTopic, runtime.TaskExitEventTopic}, ",")
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := strings.Join(h.events.topics(), ",")
+		if got == want {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("events once containerd takes them again: %s, want %s", got, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	exits := h.events.find(runtime.TaskExitEventTopic)
+	if e := exits[0].(*eventstypes.TaskExit); e.ID != "after" || e.ExitStatus != 2 {
+		t.Fatalf("exit event %+v, want exec after with status 2", e)
+	}
+}
+
+// callbackShutdown runs the registered shutdown callbacks on Shutdown, as
+// pkg/shim's shutdown service does before the shim exits.
+type callbackShutdown struct {
+	shutdownRecorder
+	cbs []func(context.Context) error
+}
+
+func (s *callbackShutdown) RegisterCallback(fn func(context.Context) error) {
+	s.cbs = append(s.cbs, fn)
+}
+
+// Events queued while containerd is slow to take them are all handed over,
+// in order, before the shim exits: the shutdown waits for the queue.
+func TestShutdownDeliversQueuedEvents(t *testing.T) {
+	rec := &recorder{}
+	slow := publisherFunc(func(ctx context.Context, topic string, ev events.Event) error {
+		time.Sleep(50 * time.Millisecond) // each event takes containerd a while
+		return rec.Publish(ctx, topic, ev)
+	})
+	sd := &callbackShutdown{}
+	svc := New(Options{Namespace: "test", Publisher: slow, Shutdown: sd})
+	if len(sd.cbs) != 1 {
+		t.Fatalf("%d shutdown callbacks registered, want 1 (flushing the events)", len(sd.cbs))
+	}
+	ctx := context.Background()
+	var want []string
+	for i := range 5 {
+		topic := fmt.Sprintf("/test/%d", i)
+		svc.publish(ctx, topic, &eventstypes.TaskOOM{ContainerID: "c1"})
+		want = append(want, topic)
+	}
+	if got := rec.topics(); len(got) == len(want) {
+		t.Fatalf("all %d events published before publish returned: publishing is not asynchronous", len(got))
+	}
+	if err := sd.cbs[0](ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.topics(); strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Fatalf("events after the shutdown callback %v, want %v in order", got, want)
+	}
+}
+
+type publisherFunc func(ctx context.Context, topic string, ev events.Event) error
+
+func (f publisherFunc) Publish(ctx context.Context, topic string, ev events.Event) error {
+	return f(ctx, topic, ev)
 }

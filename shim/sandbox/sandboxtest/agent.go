@@ -106,6 +106,14 @@ func (a *Agent) enter(name string) error {
 	}
 }
 
+// CallLog returns the recorded method names in order (Calls, read under the
+// lock: a process's Wait runs in the background).
+func (a *Agent) CallLog() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]string(nil), a.Calls...)
+}
+
 // CallCount counts recorded calls of one method.
 func (a *Agent) CallCount(name string) int {
 	a.mu.Lock()
