@@ -46,7 +46,7 @@ type stressLine struct {
 const linePrefix = "STRESS "
 
 // TestLifecycles runs CUBE_STRESS_COUNT nested VM lifecycles (numbered from CUBE_STRESS_FIRST), each: boot
-// the guest image with 2 vCPUs, start a busy container through the agent, take a full snapshot, roll back to
+// the guest image with 2 vCPUs, start a container running the workload through the agent, take a full snapshot, roll back to
 // it, SIGKILL cube-vmm while its vCPUs are in KVM_RUN. A failed lifecycle is a measurement, not a test
 // failure: it prints its result and the next one starts.
 func TestLifecycles(t *testing.T) {
@@ -143,12 +143,35 @@ func dialAgent(vmm *vmmrun.Process, uds string, timeout time.Duration, stall str
 	}
 }
 
-// busySpec is a container that keeps a guest vCPU busy (so it sits in KVM_RUN) and writes memory.
-func busySpec() []byte {
+// Guest workloads (CUBE_STRESS_WORKLOAD): what the container runs while the lifecycle snapshots, rolls back
+// and kills. "forks" (the default) forks /bin/true in two loops, one per guest vCPU: every fork and exit
+// makes the guest's vCPUs send each other IPIs and TLB shootdowns, each a VM exit on which the test host's KVM
+// kicks the other vCPU's thread with a reschedule IPI while that thread is inside KVM_RUN (the interrupt
+// seen in the kernel failures). "busy" is one shell loop of arithmetic: a vCPU in KVM_RUN with few exits.
+const envWorkload = "CUBE_STRESS_WORKLOAD"
+
+var workloads = map[string]string{
+	"forks": "while :; do /bin/true; done & while :; do /bin/true; done",
+	"busy":  "i=0; while :; do i=$((i+1)); [ $((i % 1000)) = 0 ] && echo $i >/tmp/n; done",
+}
+
+// workloadName is CUBE_STRESS_WORKLOAD, checked; "" means the default.
+func workloadName() (string, error) {
+	w := os.Getenv(envWorkload)
+	if w == "" {
+		return "forks", nil
+	}
+	if _, ok := workloads[w]; !ok {
+		return "", fmt.Errorf("%s=%q: want forks or busy", envWorkload, w)
+	}
+	return w, nil
+}
+
+// workloadSpec is the container running the workload.
+func workloadSpec(w string) []byte {
 	b, _ := json.Marshal(&specs.Spec{
 		Version: specs.Version,
-		Process: &specs.Process{Args: []string{"sh", "-c", "i=0; while :; do i=$((i+1)); [ $((i % 1000)) = 0 ] && echo $i >/tmp/n; done"},
-			Cwd: "/", Env: []string{"PATH=/bin"}},
+		Process: &specs.Process{Args: []string{"sh", "-c", workloads[w]}, Cwd: "/", Env: []string{"PATH=/bin"}},
 		Mounts: []specs.Mount{
 			{Destination: "/proc", Type: "proc", Source: "proc"},
 			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs"},
@@ -164,6 +187,10 @@ func callCtx() (context.Context, context.CancelFunc) {
 
 // runLifecycle is one lifecycle; it returns the boot time (cube-vmm start to the agent answering).
 func runLifecycle(t *testing.T) (time.Duration, error) {
+	w, err := workloadName()
+	if err != nil {
+		return 0, err
+	}
 	dir := t.TempDir()
 	uds, ctlSock, disk := filepath.Join(dir, "vsock.sock"), filepath.Join(dir, "ctl.sock"), filepath.Join(dir, "rootfs.img")
 	img, err := os.ReadFile(sandboxenv.RootfsImage)
@@ -207,7 +234,7 @@ func runLifecycle(t *testing.T) (time.Duration, error) {
 		return boot, err
 	}
 	if err := call("create the container", func(c context.Context) error {
-		_, err := cl.CreateContainer(c, &protocol.CreateContainerRequest{ContainerId: "busy", Rootfs: md.MountPoint, Spec: busySpec()})
+		_, err := cl.CreateContainer(c, &protocol.CreateContainerRequest{ContainerId: "busy", Rootfs: md.MountPoint, Spec: workloadSpec(w)})
 		return err
 	}); err != nil {
 		return boot, err
