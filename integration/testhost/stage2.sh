@@ -35,6 +35,8 @@ for f in /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/mm/transparent_
 done
 [ -w /proc/sys/vm/compaction_proactiveness ] && echo 0 >/proc/sys/vm/compaction_proactiveness
 [ -w /proc/sys/kernel/numa_balancing ] && echo 0 >/proc/sys/kernel/numa_balancing
+# What KVM runs with, on the console (the stability measurements compare platforms by it).
+echo "cube-testhost: kvm_amd $(for p in npt nested vgif vls avic pause_filter_count; do printf '%s=%s ' $p "$(cat /sys/module/kvm_amd/parameters/$p 2>/dev/null)"; done)svm-flags: $(grep -o -w 'svm\|npt\|vgif\|nrip_save\|v_vmsave_vmload\|avic' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 [ -c /dev/kvm ] || fail "/dev/kvm is missing after loading kvm-amd (does the CPU model have svm?)"
 stty -F /dev/ttyS1 raw -echo
 echo "cube-testhost: payload starts at $(cut -d' ' -f1 /proc/uptime)s"
