@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -218,6 +219,14 @@ func runLifecycle(t *testing.T) (time.Duration, error) {
 		if err == nil {
 			return nil
 		}
+		// A closed connection is often cube-vmm on its way out (a guest reset): give it a moment to be reaped
+		// before classifying, and keep its last words for the log.
+		for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			if _, ok := vmm.Exited(); ok {
+				break
+			}
+		}
+		t.Logf("%s failed: %v\nconsole:\n%s\nstderr (tail):\n%s", what, err, vmm.ConsoleTail(), lastLines(vmm.Stderr(), 20))
 		if gone := vmmGone(vmm, what); gone != nil {
 			return gone
 		}
@@ -291,4 +300,12 @@ func runLifecycle(t *testing.T) (time.Duration, error) {
 		}
 	}
 	return boot, nil
+}
+
+func lastLines(s string, n int) string {
+	ls := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(ls) > n {
+		ls = ls[len(ls)-n:]
+	}
+	return strings.Join(ls, "\n")
 }
