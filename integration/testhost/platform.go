@@ -29,9 +29,11 @@ type Platform struct {
 
 // Platform defaults: what `make test` and CI use.
 const (
-	DefaultAccel  = "tcg,thread=multi"
-	DefaultCPU    = "EPYC,+svm,+npt"
-	DefaultKVMAMD = KVMAMDStock
+	DefaultAccel = "tcg,thread=multi"
+	DefaultCPU   = "EPYC,+svm,+npt"
+	// DefaultKVMAMD: the stock module's IF=1 window around VMRUN takes the test host's kernel down under
+	// TCG (docs/testhost.md); the rebuilt one closes it.
+	DefaultKVMAMD = KVMAMDSTIVMRUN
 )
 
 // Environment variables of the Platform fields and of the test host's vCPU count.
