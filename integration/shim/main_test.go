@@ -72,7 +72,7 @@ func TestMain(m *testing.M) {
 	}
 	var envs []string
 	if v := os.Getenv("CUBE_E2E_VMM_KILL"); v != "" {
-		envs = append(envs, "CUBE_E2E_VMM_KILL="+v) // =paused: TestCtrVMMKilled pauses the VM before the kill
+		envs = append(envs, "CUBE_E2E_VMM_KILL="+v) // =running: TestCtrVMMKilled kills a running VMM
 	}
 	code := testhost.RunMain(m, testhost.Options{
 		Env:     envs,
