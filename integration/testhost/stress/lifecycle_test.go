@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -226,7 +225,7 @@ func runLifecycle(t *testing.T) (time.Duration, error) {
 				break
 			}
 		}
-		t.Logf("%s failed: %v\nconsole:\n%s\nstderr (tail):\n%s", what, err, vmm.ConsoleTail(), lastLines(vmm.Stderr(), 20))
+		t.Logf("%s failed: %v\nconsole:\n%s\nstderr (tail):\n%s", what, err, vmm.ConsoleTail(), tail([]byte(vmm.Stderr()), 20))
 		if gone := vmmGone(vmm, what); gone != nil {
 			return gone
 		}
@@ -302,10 +301,3 @@ func runLifecycle(t *testing.T) (time.Duration, error) {
 	return boot, nil
 }
 
-func lastLines(s string, n int) string {
-	ls := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(ls) > n {
-		ls = ls[len(ls)-n:]
-	}
-	return strings.Join(ls, "\n")
-}
