@@ -300,4 +300,3 @@ func runLifecycle(t *testing.T) (time.Duration, error) {
 	}
 	return boot, nil
 }
-
