@@ -66,10 +66,8 @@ test: deps vet
 
 # Test-host stability (opt-in: `make test` runs only the package's unit tests): nested VM lifecycles in test
 # hosts, one line of figures at the end; the platform comes from CUBE_TESTHOST_* (integration/testhost/platform.go).
-CUBE_STRESS_LIFECYCLES ?= 50
-export CUBE_STRESS_LIFECYCLES
 stress: deps
-	$(GO) test -count=1 -timeout 600m -v ./integration/testhost/stress
+	CUBE_STRESS_LIFECYCLES=$${CUBE_STRESS_LIFECYCLES:-50} $(GO) test -count=1 -timeout 600m -v ./integration/testhost/stress
 
 bench: deps
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem $(BENCH_PKGS)
