@@ -19,6 +19,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -124,7 +125,7 @@ func drive(env *sandboxenv.Env, total int) int {
 		}
 		res, err := testhost.Run(ctx, o, testhost.Payload{Binary: exe, Args: []string{"-test.run=^TestLifecycles$", "-test.v"}}, progress{})
 		var re *testhost.RunError
-		if err != nil && !asRunError(err, &re) {
+		if err != nil && !errors.As(err, &re) {
 			fmt.Fprintf(os.Stderr, "FAIL: test host %d: %v\n", t.hosts, err)
 			return 1
 		}
@@ -171,14 +172,6 @@ func drive(env *sandboxenv.Env, total int) int {
 	t.wall = time.Since(begin)
 	fmt.Println(t.summary(platform, load))
 	return 0
-}
-
-func asRunError(err error, re **testhost.RunError) bool {
-	r, ok := err.(*testhost.RunError)
-	if ok {
-		*re = r
-	}
-	return ok
 }
 
 // progress forwards only the STRESS lines and failures of the payload, so the log stays readable.
