@@ -47,11 +47,23 @@ Flags:
 	fs.Var(&files, "file", "INSIDE=HOSTPATH: copy a host file or directory in (repeatable)")
 	fs.Var(&env, "env", "KEY=value for the program's environment (repeatable)")
 	verbose := fs.Bool("v", false, "log artifact building and the QEMU command line")
+	buildQEMU := fs.Bool("build-qemu", false, "only find or build the test host's QEMU (see $"+testhost.EnvQEMUVariant+") and print its path; nothing boots")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(0)
 		}
 		os.Exit(2)
+	}
+	if *buildQEMU {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		q, err := testhost.QEMUBinary(ctx, testhost.Options{CacheDir: o.CacheDir})
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "cube-testhost: %v\n", err)
+			os.Exit(1)
+		}
+		fmt.Println(q)
+		return
 	}
 	if fs.NArg() == 0 {
 		fmt.Fprintln(os.Stderr, "cube-testhost: no PROGRAM given (usage: cube-testhost [flags] -- PROGRAM [ARGS...]; see -h)")

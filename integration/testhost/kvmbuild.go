@@ -83,29 +83,30 @@ targets += kvm-asm-offsets.s
 // inputs do not show.
 const kvmBuildFormat = "1"
 
-// patchText applies the patches for file to src. Every expected text must occur exactly once.
-func patchText(file, src string, patches []textPatch) (string, error) {
+// patchText applies the patches for file (a path under tree, named in errors) to src. Every expected text
+// must occur exactly once.
+func patchText(tree, file, src string, patches []textPatch) (string, error) {
 	for _, p := range patches {
 		if p.File != file {
 			continue
 		}
 		if n := strings.Count(src, p.Old); n != 1 {
-			return "", fmt.Errorf("patch arch/x86/kvm/%s: expected exactly one occurrence of %q, found %d: this kernel source differs from the one the sti-vmrun patch was written for (Debian 6.1.192); re-derive the patch in integration/testhost/kvmbuild.go", file, p.Old, n)
+			return "", fmt.Errorf("patch %s/%s: expected exactly one occurrence of %q, found %d: this source differs from the one the patch was written for; re-derive the patch in integration/testhost", tree, file, p.Old, n)
 		}
 		src = strings.Replace(src, p.Old, p.New, 1)
 	}
 	return src, nil
 }
 
-// patchFiles applies patches to the files under dir.
-func patchFiles(dir string, patches []textPatch) error {
+// patchFiles applies patches to the files under dir (tree is how errors name it).
+func patchFiles(dir, tree string, patches []textPatch) error {
 	for _, f := range uniqueFiles(patches) {
 		path := filepath.Join(dir, f)
 		b, err := os.ReadFile(path)
 		if err != nil {
-			return fmt.Errorf("patch arch/x86/kvm/%s: %w", f, err)
+			return fmt.Errorf("patch %s/%s: %w", tree, f, err)
 		}
-		out, err := patchText(f, string(b), patches)
+		out, err := patchText(tree, f, string(b), patches)
 		if err != nil {
 			return err
 		}
@@ -465,7 +466,7 @@ func buildKVMAMDIn(ctx context.Context, work, res string, pkgs kvmSourcePackages
 		return "", err
 	}
 	kvmDir := filepath.Join(src, member)
-	if err := patchFiles(kvmDir, patches); err != nil {
+	if err := patchFiles(kvmDir, "arch/x86/kvm", patches); err != nil {
 		return "", err
 	}
 	// kbuild reads Kbuild in preference to the tree's own Makefile (which would build kvm.ko too).

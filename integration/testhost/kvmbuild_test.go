@@ -46,14 +46,14 @@ const (
 )
 
 func TestKVMAMDPatchApplies(t *testing.T) {
-	svm, err := patchText("svm/svm.c", svmFixture, stiVMRUNPatch)
+	svm, err := patchText("arch/x86/kvm", "svm/svm.c", svmFixture, stiVMRUNPatch)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if strings.Contains(svm, "raw_local_irq") || !strings.Contains(svm, "amd_clear_divider();") || !strings.Contains(svm, "guest_state_exit_irqoff();") {
 		t.Fatalf("patched svm.c:\n%s", svm)
 	}
-	vmenter, err := patchText("svm/vmenter.S", vmenterFixture, stiVMRUNPatch)
+	vmenter, err := patchText("arch/x86/kvm", "svm/vmenter.S", vmenterFixture, stiVMRUNPatch)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +62,7 @@ func TestKVMAMDPatchApplies(t *testing.T) {
 			t.Fatalf("patched vmenter.S lacks %q:\n%s", want, vmenter)
 		}
 	}
-	if got, err := patchText("svm/pmu.c", "untouched", stiVMRUNPatch); err != nil || got != "untouched" {
+	if got, err := patchText("arch/x86/kvm", "svm/pmu.c", "untouched", stiVMRUNPatch); err != nil || got != "untouched" {
 		t.Fatalf("a file without patches = %q, %v", got, err)
 	}
 }
@@ -70,12 +70,12 @@ func TestKVMAMDPatchApplies(t *testing.T) {
 func TestKVMAMDPatchRefusesUnexpectedSource(t *testing.T) {
 	// A kernel that already sets IF in assembly (or changed the lines otherwise) must not build.
 	changed := strings.Replace(svmFixture, "\traw_local_irq_enable();\n", "", 1)
-	_, err := patchText("svm/svm.c", changed, stiVMRUNPatch)
+	_, err := patchText("arch/x86/kvm", "svm/svm.c", changed, stiVMRUNPatch)
 	if err == nil || !strings.Contains(err.Error(), "arch/x86/kvm/svm/svm.c") || !strings.Contains(err.Error(), "raw_local_irq_enable") {
 		t.Fatalf("missing text: err = %v, want one naming the file and the expected text", err)
 	}
 	// Twice the expected text is as ambiguous as none.
-	_, err = patchText("svm/vmenter.S", vmenterFixture+vmenterFixture, stiVMRUNPatch)
+	_, err = patchText("arch/x86/kvm", "svm/vmenter.S", vmenterFixture+vmenterFixture, stiVMRUNPatch)
 	if err == nil || !strings.Contains(err.Error(), "found 2") {
 		t.Fatalf("duplicated text: err = %v", err)
 	}

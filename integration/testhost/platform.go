@@ -25,6 +25,9 @@ type Platform struct {
 	// KVMAMD is which kvm-amd.ko the test host loads: KVMAMDStock or KVMAMDSTIVMRUN
 	// (CUBE_TESTHOST_KVM_AMD; default DefaultKVMAMD).
 	KVMAMD string
+	// QEMU is which emulator runs the test host: QEMUPatched or QEMUDebian (CUBE_TESTHOST_QEMU; default
+	// DefaultQEMU). $CUBE_QEMU, when set, names the binary of either and skips the build.
+	QEMU string
 }
 
 // Platform defaults: what `make test` and CI use.
@@ -34,6 +37,9 @@ const (
 	// DefaultKVMAMD: the package's own module. The rebuilt sti-vmrun one was measured and did not reduce the
 	// test host's kernel failures (docs/testhost.md).
 	DefaultKVMAMD = KVMAMDStock
+	// DefaultQEMU: Debian's QEMU 10.0.2 source with our two nested-SVM fixes (qemuPatches); the packaged
+	// binary crashed the test host's kernel in 3 of 50 lifecycles (docs/testhost.md).
+	DefaultQEMU = QEMUPatched
 )
 
 // Environment variables of the Platform fields and of the test host's vCPU count.
@@ -44,6 +50,7 @@ const (
 	EnvModuleParams = "CUBE_TESTHOST_MODPARAMS"
 	EnvKVMAMD       = "CUBE_TESTHOST_KVM_AMD"
 	EnvSMP          = "CUBE_TESTHOST_SMP"
+	EnvQEMUVariant  = "CUBE_TESTHOST_QEMU"
 )
 
 // withDefaults fills empty fields from the environment, then from the defaults.
@@ -61,12 +68,13 @@ func (p Platform) withDefaults() Platform {
 	pick(&p.Append, EnvAppend, "")
 	pick(&p.ModuleParams, EnvModuleParams, "")
 	pick(&p.KVMAMD, EnvKVMAMD, DefaultKVMAMD)
+	pick(&p.QEMU, EnvQEMUVariant, DefaultQEMU)
 	return p
 }
 
 // String is the platform as one line, for logs and the stress summary.
 func (p Platform) String() string {
-	s := fmt.Sprintf("accel=%s cpu=%s kvm-amd=%s", p.Accel, p.CPU, p.KVMAMD)
+	s := fmt.Sprintf("qemu=%s accel=%s cpu=%s kvm-amd=%s", p.QEMU, p.Accel, p.CPU, p.KVMAMD)
 	if p.Append != "" {
 		s += fmt.Sprintf(" append=%q", p.Append)
 	}
@@ -83,8 +91,13 @@ func (p Platform) validate() error {
 	if !strings.Contains(p.CPU, "svm") && !strings.HasPrefix(p.CPU, "host") {
 		return fmt.Errorf("test host CPU %q (Platform.CPU, %s) has no +svm: nested KVM needs an AMD-V CPU model, e.g. %q", p.CPU, EnvCPU, DefaultCPU)
 	}
-	_, err := parseModuleParams(p.ModuleParams)
-	return err
+	if _, err := parseModuleParams(p.ModuleParams); err != nil {
+		return err
+	}
+	if p.QEMU != QEMUPatched && p.QEMU != QEMUDebian {
+		return fmt.Errorf("test host QEMU variant %q (Platform.QEMU, %s): want %q (Debian's source with our nested-SVM fixes, built once) or %q (the packaged binary)", p.QEMU, EnvQEMUVariant, QEMUPatched, QEMUDebian)
+	}
+	return nil
 }
 
 var modParamRE = regexp.MustCompile(`^([A-Za-z0-9_-]+)\.([A-Za-z0-9_]+)=([^\s'"]*)$`)

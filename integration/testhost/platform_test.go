@@ -6,31 +6,32 @@ import (
 )
 
 func TestPlatformDefaultsAndEnv(t *testing.T) {
-	for _, e := range []string{EnvAccel, EnvCPU, EnvAppend, EnvModuleParams, EnvKVMAMD, EnvSMP} {
+	for _, e := range []string{EnvAccel, EnvCPU, EnvAppend, EnvModuleParams, EnvKVMAMD, EnvSMP, EnvQEMUVariant} {
 		t.Setenv(e, "")
 	}
 	p := Platform{}.withDefaults()
-	if p.Accel != DefaultAccel || p.CPU != DefaultCPU || p.KVMAMD != DefaultKVMAMD || p.Append != "" || p.ModuleParams != "" {
+	if p.Accel != DefaultAccel || p.CPU != DefaultCPU || p.KVMAMD != DefaultKVMAMD || p.QEMU != DefaultQEMU || p.Append != "" || p.ModuleParams != "" {
 		t.Fatalf("defaults: %+v", p)
 	}
 	t.Setenv(EnvCPU, "EPYC-Rome,+svm,+npt")
 	t.Setenv(EnvKVMAMD, KVMAMDStock)
 	t.Setenv(EnvSMP, "1")
+	t.Setenv(EnvQEMUVariant, QEMUDebian)
 	o := (&Options{}).withDefaults()
-	if o.Platform.CPU != "EPYC-Rome,+svm,+npt" || o.Platform.KVMAMD != KVMAMDStock || o.CPUs != 1 {
+	if o.Platform.CPU != "EPYC-Rome,+svm,+npt" || o.Platform.KVMAMD != KVMAMDStock || o.Platform.QEMU != QEMUDebian || o.CPUs != 1 {
 		t.Fatalf("from the environment: %+v, %d vCPUs", o.Platform, o.CPUs)
 	}
 	// A field set in code wins over the environment.
 	if p := (Platform{CPU: "EPYC,+svm"}).withDefaults(); p.CPU != "EPYC,+svm" {
 		t.Fatalf("explicit CPU overridden: %q", p.CPU)
 	}
-	if s := o.Platform.String(); !strings.Contains(s, "cpu=EPYC-Rome,+svm,+npt") || !strings.Contains(s, "kvm-amd=stock") {
+	if s := o.Platform.String(); !strings.Contains(s, "cpu=EPYC-Rome,+svm,+npt") || !strings.Contains(s, "kvm-amd=stock") || !strings.Contains(s, "qemu=debian") {
 		t.Fatalf("String: %q", s)
 	}
 }
 
 func TestPlatformValidate(t *testing.T) {
-	good := Platform{Accel: DefaultAccel, CPU: DefaultCPU, KVMAMD: KVMAMDSTIVMRUN, ModuleParams: "kvm_amd.npt=0 kvm-amd.vgif=0 kvm.tdp_mmu=0"}
+	good := Platform{Accel: DefaultAccel, CPU: DefaultCPU, KVMAMD: KVMAMDSTIVMRUN, QEMU: QEMUPatched, ModuleParams: "kvm_amd.npt=0 kvm-amd.vgif=0 kvm.tdp_mmu=0"}
 	if err := good.validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -42,6 +43,7 @@ func TestPlatformValidate(t *testing.T) {
 		{Platform{CPU: "EPYC", KVMAMD: KVMAMDStock}, "+svm"},
 		{Platform{CPU: DefaultCPU, KVMAMD: KVMAMDStock, ModuleParams: "npt=0"}, "MODULE.PARAM=VALUE"},
 		{Platform{CPU: DefaultCPU, KVMAMD: KVMAMDStock, ModuleParams: "kvm_amd.npt='0 1'"}, "MODULE.PARAM=VALUE"},
+		{Platform{CPU: DefaultCPU, KVMAMD: KVMAMDStock, QEMU: "upstream"}, EnvQEMUVariant},
 	} {
 		err := c.p.validate()
 		if err == nil || !strings.Contains(err.Error(), c.want) {

@@ -46,23 +46,28 @@ func (e *RunError) Error() string {
 		e.Reason, tailLines(e.Result.Output, 30), e.Result.ConsoleTail(40))
 }
 
+// findQEMU is $CUBE_QEMU when set, else the Platform's variant: the patched build (made on first use) or
+// the packaged binary from PATH.
+func findQEMU(ctx context.Context, opts Options, logf func(string, ...any)) (string, error) {
+	if q := os.Getenv(EnvQEMU); q != "" {
+		return q, nil
+	}
+	if opts.Platform.QEMU == QEMUPatched {
+		return buildQEMU(ctx, opts.CacheDir, logf)
+	}
+	q, err := exec.LookPath("qemu-system-x86_64")
+	if err != nil {
+		return "", ErrNoQEMU
+	}
+	return q, nil
+}
+
 // Run boots a test host, runs the payload in it and returns its result. Output, when not nil, receives the
 // payload's output as it arrives. A payload that exits non-zero is not an error (see Result.ExitCode); a
 // payload that never reports (timeout, kernel panic, QEMU failure) is a *RunError. Nothing is left behind:
 // QEMU is killed and the run's files removed on every path.
 func Run(ctx context.Context, o Options, p Payload, output io.Writer) (*Result, error) {
 	opts := o.withDefaults()
-	qemu := os.Getenv(EnvQEMU)
-	if qemu == "" {
-		var err error
-		if qemu, err = exec.LookPath("qemu-system-x86_64"); err != nil {
-			return nil, ErrNoQEMU
-		}
-	}
-	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
-		return nil, fmt.Errorf("mkfs.ext4 not found: install Debian's e2fsprogs (`apt-get install e2fsprogs`)")
-	}
-	warnOldQEMU(qemu)
 	if _, err := smpFromEnv(); err != nil {
 		return nil, err
 	}
@@ -70,6 +75,14 @@ func Run(ctx context.Context, o Options, p Payload, output io.Writer) (*Result, 
 		return nil, err
 	}
 	logf := logrus.Infof
+	qemu, err := findQEMU(ctx, opts, logf)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
+		return nil, fmt.Errorf("mkfs.ext4 not found: install Debian's e2fsprogs (`apt-get install e2fsprogs`)")
+	}
+	warnOldQEMU(qemu)
 	art, err := buildArtifacts(ctx, opts.CacheDir, &opts, logf)
 	if err != nil {
 		return nil, err

@@ -64,9 +64,14 @@ func TestOptionsDefaults(t *testing.T) {
 func TestMissingQEMUIsExplained(t *testing.T) {
 	t.Setenv(EnvQEMU, "")
 	t.Setenv("PATH", t.TempDir())
-	_, err := Run(context.Background(), Options{}, Payload{Binary: "/bin/true"}, nil)
+	_, err := Run(context.Background(), Options{Platform: Platform{QEMU: QEMUDebian}}, Payload{Binary: "/bin/true"}, nil)
 	if !errors.Is(err, ErrNoQEMU) || !strings.Contains(err.Error(), "apt-get install qemu-system-x86") {
 		t.Fatalf("err = %v, want ErrNoQEMU naming the package", err)
+	}
+	// The patched build names what it lacks, and the variable that avoids it.
+	_, err = Run(context.Background(), Options{Platform: Platform{QEMU: QEMUPatched}, CacheDir: t.TempDir()}, Payload{Binary: "/bin/true"}, nil)
+	if err == nil || !strings.Contains(err.Error(), "apt-get install") || !strings.Contains(err.Error(), EnvQEMUVariant) {
+		t.Fatalf("patched QEMU without build tools: err = %v, want one naming the package and %s", err, EnvQEMUVariant)
 	}
 }
 
