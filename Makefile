@@ -197,7 +197,7 @@ bench-shim: deps
 
 fuzz-shim:
 	$(GO) test -run '^$$' -fuzz FuzzParse$$ -fuzztime 20s ./shim/config
-	$(GO) test -run '^$$' -fuzz FuzzParseReply -fuzztime 20s ./hypervisor/virtio/vsock
+	$(GO) test -run '^$$' -fuzz FuzzParseReply -fuzztime 20s ./hypervisor/vsockdial
 	$(GO) test -run '^$$' -fuzz FuzzParseControlReply -fuzztime 20s ./shim/sandbox
 # ---- end shim ----------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cube-runtime/cube/guest-agent/protocol"
-	"github.com/cube-runtime/cube/hypervisor/virtio/vsock"
+	"github.com/cube-runtime/cube/hypervisor/vsockdial"
 	"github.com/cube-runtime/cube/integration/benchloss"
 	"github.com/cube-runtime/cube/integration/sandboxenv"
 	"github.com/cube-runtime/cube/integration/vmmrun"
@@ -64,7 +64,7 @@ func bootErr(t testing.TB) (*sandbox, error) {
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		conn, err := vsock.Dial(ctx, s.uds, protocol.AgentPort)
+		conn, err := vsockdial.Dial(ctx, s.uds, protocol.AgentPort)
 		if err == nil {
 			c := protocol.NewAgentClient(ttrpc.NewClient(conn))
 			if _, err = c.Version(ctx, &protocol.VersionRequest{}); err == nil {
@@ -97,7 +97,7 @@ func (s *sandbox) ctx() context.Context {
 // stream opens one stdio stream of a process (before Start, so no output is lost).
 func (s *sandbox) stream(id, exec string, which protocol.Stream) io.ReadWriteCloser {
 	s.t.Helper()
-	conn, err := vsock.Dial(s.ctx(), s.uds, protocol.StreamPort)
+	conn, err := vsockdial.Dial(s.ctx(), s.uds, protocol.StreamPort)
 	if err != nil {
 		s.t.Fatal(err)
 	}

@@ -23,7 +23,7 @@ import (
 
 	"github.com/cube-runtime/cube/guest-agent/protocol"
 	"github.com/cube-runtime/cube/hypervisor/control"
-	"github.com/cube-runtime/cube/hypervisor/virtio/vsock"
+	"github.com/cube-runtime/cube/hypervisor/vsockdial"
 	"github.com/cube-runtime/cube/integration/vmmrun"
 )
 
@@ -124,7 +124,7 @@ func (s *sandbox) ask(cmd string) (workerState, error) {
 		return st, fmt.Errorf("exec %s: %w", cmd, err)
 	}
 	defer s.client.Delete(ctx(s.t), &protocol.DeleteRequest{ContainerId: "worker", ExecId: id, Force: true})
-	conn, err := vsock.Dial(ctx(s.t), s.uds, protocol.StreamPort)
+	conn, err := vsockdial.Dial(ctx(s.t), s.uds, protocol.StreamPort)
 	if err != nil {
 		return st, err
 	}
@@ -168,7 +168,7 @@ func (s *sandbox) diagnose() string {
 	var b strings.Builder
 	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if conn, err := vsock.Dial(c, s.uds, protocol.AgentPort); err != nil {
+	if conn, err := vsockdial.Dial(c, s.uds, protocol.AgentPort); err != nil {
 		fmt.Fprintf(&b, "new agent connection: %v\n", err)
 	} else {
 		tc := ttrpc.NewClient(conn)

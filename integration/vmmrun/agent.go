@@ -8,7 +8,7 @@ import (
 	"github.com/containerd/ttrpc"
 
 	"github.com/cube-runtime/cube/guest-agent/protocol"
-	"github.com/cube-runtime/cube/hypervisor/virtio/vsock"
+	"github.com/cube-runtime/cube/hypervisor/vsockdial"
 )
 
 // DialAgent connects to the guest agent of this VM through its hybrid vsock socket uds, retrying until the
@@ -19,7 +19,7 @@ func (p *Process) DialAgent(t testing.TB, uds string, timeout time.Duration) (*t
 	deadline := time.Now().Add(timeout)
 	for {
 		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		conn, err := vsock.Dial(c, uds, protocol.AgentPort)
+		conn, err := vsockdial.Dial(c, uds, protocol.AgentPort)
 		if err == nil {
 			tc := ttrpc.NewClient(conn)
 			cl := protocol.NewAgentClient(tc)

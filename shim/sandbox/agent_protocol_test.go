@@ -14,7 +14,7 @@ import (
 	"github.com/containerd/ttrpc"
 
 	"github.com/cube-runtime/cube/guest-agent/protocol"
-	"github.com/cube-runtime/cube/hypervisor/virtio/vsock"
+	"github.com/cube-runtime/cube/hypervisor/vsockdial"
 )
 
 // stubAgentService answers the RPCs the adapter test calls (the embedded nil
@@ -66,7 +66,7 @@ type vsockOnlyVMM struct {
 }
 
 func (v vsockOnlyVMM) DialVsock(ctx context.Context, port uint32) (net.Conn, error) {
-	return vsock.Dial(ctx, v.path, port)
+	return vsockdial.Dial(ctx, v.path, port)
 }
 
 // TestProtocolAdapter runs the generated ttrpc client against the generated

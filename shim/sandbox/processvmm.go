@@ -19,7 +19,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/cube-runtime/cube/hypervisor/control"
-	"github.com/cube-runtime/cube/hypervisor/virtio/vsock"
+	"github.com/cube-runtime/cube/hypervisor/vsockdial"
 )
 
 // ProcessVMM runs the VM as a cube-vmm child process (cmd/cube-vmm) and
@@ -277,7 +277,7 @@ func (v *ProcessVMM) DialVsock(ctx context.Context, port uint32) (net.Conn, erro
 	v.mu.Lock()
 	path := v.cfg.VsockPath
 	v.mu.Unlock()
-	return vsock.Dial(ctx, path, port)
+	return vsockdial.Dial(ctx, path, port)
 }
 
 // controlRequest is one line to cube-vmm's control socket: hypervisor/control's

@@ -3,7 +3,8 @@
 //
 //   - Host → guest: a host process connects to the Unix socket at UDSPath and
 //     writes "CONNECT <port>\n"; when the guest accepts on <port> the device
-//     answers "OK <hostport>\n" and the socket carries the stream.
+//     answers "OK <hostport>\n" and the socket carries the stream
+//     (hypervisor/vsockdial is that host side).
 //   - Guest → host: a guest connect to CID 2 port P is forwarded to the Unix
 //     socket "<UDSPath>_<P>"; if nothing listens there the guest gets a reset.
 //

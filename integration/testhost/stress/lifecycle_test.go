@@ -16,7 +16,7 @@ import (
 
 	"github.com/cube-runtime/cube/guest-agent/protocol"
 	"github.com/cube-runtime/cube/hypervisor/control"
-	"github.com/cube-runtime/cube/hypervisor/virtio/vsock"
+	"github.com/cube-runtime/cube/hypervisor/vsockdial"
 	"github.com/cube-runtime/cube/integration/sandboxenv"
 	"github.com/cube-runtime/cube/integration/testhost"
 	"github.com/cube-runtime/cube/integration/vmmrun"
@@ -125,7 +125,7 @@ func dialAgent(vmm *vmmrun.Process, uds string, timeout time.Duration, stall str
 			return nil, nil, err
 		}
 		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		conn, err := vsock.Dial(c, uds, protocol.AgentPort)
+		conn, err := vsockdial.Dial(c, uds, protocol.AgentPort)
 		if err == nil {
 			tc := ttrpc.NewClient(conn)
 			cl := protocol.NewAgentClient(tc)

@@ -1,4 +1,9 @@
-package vsock
+// Package vsockdial is the host side of the hybrid vsock handshake that
+// hypervisor/virtio/vsock serves: connect to the device's Unix socket, write
+// "CONNECT <port>\n", read "OK <hostport>\n"; the connection then carries the
+// guest stream. It is a leaf (the standard library only), so that a client
+// such as the shim dials a guest port without linking any device emulation.
+package vsockdial
 
 import (
 	"context"
