@@ -95,6 +95,7 @@ vmm:
 fuzz-hypervisor:
 	go test -run '^$$' -fuzz '^FuzzLoadKernel$$' -fuzztime $(FUZZTIME) ./hypervisor/boot
 	go test -run '^$$' -fuzz '^FuzzHandle$$' -fuzztime $(FUZZTIME) ./hypervisor/control
+	go test -run '^$$' -fuzz '^FuzzDecodeReply$$' -fuzztime $(FUZZTIME) ./hypervisor/control
 	go test -run '^$$' -fuzz '^FuzzRunDecode$$' -fuzztime $(FUZZTIME) ./hypervisor/kvm
 	go test -run '^$$' -fuzz '^FuzzRegisterAccess$$' -fuzztime $(FUZZTIME) ./hypervisor/devices/serial
 # <<< hypervisor

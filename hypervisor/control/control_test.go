@@ -48,25 +48,25 @@ func TestControlRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	c, err := Dial(path)
+	c, err := Dial(t.Context(), path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	var info struct{ State string }
-	if err := c.Pause(); err != nil {
+	if err := c.Pause(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Info(&info); err != nil || info.State != "paused" {
+	if err := c.Info(t.Context(), &info); err != nil || info.State != "paused" {
 		t.Fatalf("info %+v %v", info, err)
 	}
-	if err := c.Resume(); err != nil {
+	if err := c.Resume(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Do("explode"); err == nil || !strings.Contains(err.Error(), "unknown op") {
+	if err := c.Call(t.Context(), Request{Op: "explode"}, nil); err == nil || !strings.Contains(err.Error(), "unknown op") {
 		t.Errorf("unknown op: %v", err)
 	}
-	if err := c.Stop(); err != nil {
+	if err := c.Stop(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -74,7 +74,7 @@ func TestControlRoundTrip(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("stop not delivered")
 	}
-	if err := c.Pause(); err == nil || !strings.Contains(err.Error(), "stopped") {
+	if err := c.Pause(t.Context()); err == nil || !strings.Contains(err.Error(), "stopped") {
 		t.Errorf("pause after stop: %v", err)
 	}
 }
@@ -99,11 +99,11 @@ func TestControlStopReplyBeforeExit(t *testing.T) {
 			t.Fatal(err)
 		}
 		vm.srv <- s
-		c, err := Dial(path)
+		c, err := Dial(t.Context(), path)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := c.Stop(); err != nil {
+		if err := c.Stop(t.Context()); err != nil {
 			t.Fatalf("stop %d: %v", i, err)
 		}
 		c.Close()

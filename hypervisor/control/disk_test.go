@@ -1,7 +1,6 @@
 package control
 
 import (
-	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -14,12 +13,12 @@ type diskVM struct {
 	calls []string
 }
 
-func (d *diskVM) SetDisk(serial, path string) (json.RawMessage, error) {
+func (d *diskVM) SetDisk(serial, path string) (*DiskSetResult, error) {
 	if serial == "bad" {
 		return nil, fmt.Errorf("set disk %q: no such disk", serial)
 	}
 	d.calls = append(d.calls, serial+"="+path)
-	return json.Marshal(map[string]any{"serial": serial, "path": path, "sectors": 8})
+	return &DiskSetResult{Serial: serial, Path: path, Sectors: 8}, nil
 }
 
 func TestDiskSet(t *testing.T) {
@@ -30,21 +29,17 @@ func TestDiskSet(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	c, err := Dial(path)
+	c, err := Dial(t.Context(), path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	res, err := c.SetDisk("cube-slot-1", "/img/a.img")
+	res, err := c.SetDisk(t.Context(), "cube-slot-1", "/img/a.img")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got struct {
-		Serial, Path string
-		Sectors      uint64
-	}
-	if err := json.Unmarshal(res, &got); err != nil || got.Serial != "cube-slot-1" || got.Path != "/img/a.img" || got.Sectors != 8 {
-		t.Errorf("result %s (%v)", res, err)
+	if res != (DiskSetResult{Serial: "cube-slot-1", Path: "/img/a.img", Sectors: 8}) {
+		t.Errorf("result %+v", res)
 	}
 	for _, tc := range []struct{ serial, path, want string }{
 		{"", "/img/a.img", "no serial"},
@@ -52,7 +47,7 @@ func TestDiskSet(t *testing.T) {
 		{"cube-slot-1", "img/a.img", "not absolute"},
 		{"bad", "/img/a.img", "no such disk"},
 	} {
-		if _, err := c.SetDisk(tc.serial, tc.path); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := c.SetDisk(t.Context(), tc.serial, tc.path); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("disk-set %q %q: %v, want an error with %q", tc.serial, tc.path, err, tc.want)
 		}
 	}
@@ -68,12 +63,12 @@ func TestDiskSet(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s2.Close()
-	c2, err := Dial(p2)
+	c2, err := Dial(t.Context(), p2)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c2.Close()
-	if _, err := c2.SetDisk("cube-slot-1", "/img/a.img"); err == nil || !strings.Contains(err.Error(), "not supported") {
+	if _, err := c2.SetDisk(t.Context(), "cube-slot-1", "/img/a.img"); err == nil || !strings.Contains(err.Error(), "not supported") {
 		t.Errorf("disk-set on a target without disks: %v", err)
 	}
 }

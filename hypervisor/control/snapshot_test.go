@@ -1,7 +1,6 @@
 package control
 
 import (
-	"encoding/json"
 	"errors"
 	"path/filepath"
 	"strings"
@@ -13,17 +12,17 @@ type fakeSnapVM struct {
 	ops []string
 }
 
-func (f *fakeSnapVM) Snapshot(dir string, inc bool) (json.RawMessage, error) {
+func (f *fakeSnapVM) Snapshot(dir string, inc bool) (*SnapshotResult, error) {
 	f.ops = append(f.ops, "snapshot "+dir)
 	if inc {
 		return nil, errors.New("no parent")
 	}
-	return json.RawMessage(`{"frozen_ms":1}`), nil
+	return &SnapshotResult{FrozenMS: 1}, nil
 }
 
-func (f *fakeSnapVM) Rollback(dir string) (json.RawMessage, error) {
+func (f *fakeSnapVM) Rollback(dir string) (*RollbackResult, error) {
 	f.ops = append(f.ops, "rollback "+dir)
-	return json.RawMessage(`{"total_ms":2}`), nil
+	return &RollbackResult{TotalMS: 2}, nil
 }
 
 func TestSnapshotOps(t *testing.T) {
@@ -33,27 +32,27 @@ func TestSnapshotOps(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, err := Dial(path)
+		c, err := Dial(t.Context(), path)
 		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := c.Snapshot("/s/a", false)
+		res, err := c.Snapshot(t.Context(), "/s/a", false)
 		sn, ok := target.(*fakeSnapVM)
 		if !ok {
 			if err == nil || !strings.Contains(err.Error(), "not supported") {
 				t.Errorf("snapshot on a target without it: %v", err)
 			}
 		} else {
-			if err != nil || string(res) != `{"frozen_ms":1}` {
-				t.Errorf("snapshot: %s, %v", res, err)
+			if err != nil || res != (SnapshotResult{FrozenMS: 1}) {
+				t.Errorf("snapshot: %+v, %v", res, err)
 			}
-			if _, err := c.Snapshot("/s/b", true); err == nil || !strings.Contains(err.Error(), "no parent") {
+			if _, err := c.Snapshot(t.Context(), "/s/b", true); err == nil || !strings.Contains(err.Error(), "no parent") {
 				t.Errorf("incremental refusal not passed on: %v", err)
 			}
-			if res, err := c.Rollback("/s/a"); err != nil || string(res) != `{"total_ms":2}` {
-				t.Errorf("rollback: %s, %v", res, err)
+			if res, err := c.Rollback(t.Context(), "/s/a"); err != nil || res != (RollbackResult{TotalMS: 2}) {
+				t.Errorf("rollback: %+v, %v", res, err)
 			}
-			if _, err := c.DoRequest(Request{Op: "rollback"}); err == nil || !strings.Contains(err.Error(), "no dir") {
+			if _, err := c.Rollback(t.Context(), ""); err == nil || !strings.Contains(err.Error(), "no dir") {
 				t.Errorf("rollback without dir: %v", err)
 			}
 			if strings.Join(sn.ops, ",") != "snapshot /s/a,snapshot /s/b,rollback /s/a" {

@@ -32,13 +32,12 @@ func TestDiskSetOp(t *testing.T) {
 	v := startVMM(t, sock, "-kernel", kernel(t, counterCode), "-memory", "64", "-console", "none", "-control", sock,
 		"-disk", stub+",serial=cube-slot-1", "-disk", roStub+",ro,serial=ro-slot", "-rng=false")
 
-	res, err := v.ctl.SetDisk("cube-slot-1", image)
+	res, err := v.ctl.SetDisk(t.Context(), "cube-slot-1", image)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got diskSetResult
-	if err := json.Unmarshal(res, &got); err != nil || got.Sectors != (1<<20)/512 || got.Path != image {
-		t.Errorf("disk-set result %s (%v)", res, err)
+	if res.Sectors != (1<<20)/512 || res.Path != image {
+		t.Errorf("disk-set result %+v", res)
 	}
 	for _, tc := range []struct{ serial, path, want string }{
 		{"cube-slot-7", image, "no such disk"},
@@ -46,7 +45,7 @@ func TestDiskSetOp(t *testing.T) {
 		{"cube-slot-1", dir, "is a directory"},
 		{"cube-slot-1", "rootfs.img", "not absolute"},
 	} {
-		if _, err := v.ctl.SetDisk(tc.serial, tc.path); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := v.ctl.SetDisk(t.Context(), tc.serial, tc.path); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("disk-set %s %s: %v, want %q", tc.serial, tc.path, err, tc.want)
 		}
 	}
@@ -56,12 +55,12 @@ func TestDiskSetOp(t *testing.T) {
 	if err := os.Chmod(roImage, 0o444); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := v.ctl.SetDisk("ro-slot", roImage); err != nil {
+	if _, err := v.ctl.SetDisk(t.Context(), "ro-slot", roImage); err != nil {
 		t.Errorf("read-only drive refused a read-only file: %v", err)
 	}
 
 	snap := filepath.Join(dir, "snap")
-	if _, err := v.ctl.Snapshot(snap, false); err != nil {
+	if _, err := v.ctl.Snapshot(t.Context(), snap, false); err != nil {
 		t.Fatal(err)
 	}
 	v.stop(t)
@@ -89,7 +88,7 @@ func TestDiskSetOp(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(rdir, "rootfs.img")); err != nil || len(b) != 1<<20 || b[0] != 0x11 {
 		t.Errorf("restored working copy of the image: %d bytes, %v", len(b), err)
 	}
-	if _, err := r.ctl.SetDisk("cube-slot-1", stub); err != nil {
+	if _, err := r.ctl.SetDisk(t.Context(), "cube-slot-1", stub); err != nil {
 		t.Errorf("disk-set in a restored VM: %v", err)
 	}
 	r.stop(t)

@@ -309,7 +309,7 @@ func (s *standby) InfoJSON() (json.RawMessage, error) {
 
 // Restore restores dir into the prepared VM, starts it and hands the socket
 // over to it; on failure the standby prepares a new VM and keeps waiting.
-func (s *standby) Restore(dir string, paused bool) (json.RawMessage, error) {
+func (s *standby) Restore(dir string, paused bool) (*control.RestoreResult, error) {
 	<-s.srvReady
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -352,11 +352,7 @@ func (s *standby) Restore(dir string, paused bool) (json.RawMessage, error) {
 	s.log.WithFields(logrus.Fields{"dir": dir, "took": took, "paused": paused, "steps_ms": r.steps.String(),
 		"machine_steps_ms": r.m.RestoreSteps()}).Info("standby: restored and running")
 	s.ready <- r
-	return json.Marshal(struct {
-		Dir    string  `json:"dir"`
-		TookMS float64 `json:"took_ms"`
-		Paused bool    `json:"paused"`
-	}{dir, ms(took), paused})
+	return &control.RestoreResult{Dir: dir, TookMS: ms(took), Paused: paused}, nil
 }
 
 // runStandby is "cube-vmm restore -standby".

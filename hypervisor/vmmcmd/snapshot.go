@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cube-runtime/cube/checkpoint"
+	"github.com/cube-runtime/cube/hypervisor/control"
 	"github.com/cube-runtime/cube/hypervisor/machine"
 )
 
@@ -75,15 +76,8 @@ func newTarget(m *machine.Machine, cfg Config, comps func() (checkpoint.Componen
 	return &snapTarget{target: target{m}, cfg: cfg, comps: comps}
 }
 
-// diskSetResult is the disk-set op's result.
-type diskSetResult struct {
-	Serial  string `json:"serial"`
-	Path    string `json:"path"`
-	Sectors uint64 `json:"sectors"`
-}
-
 // SetDisk re-points the drive with serial at path (control op disk-set).
-func (t *snapTarget) SetDisk(serial, path string) (json.RawMessage, error) {
+func (t *snapTarget) SetDisk(serial, path string) (*control.DiskSetResult, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	sectors, err := t.m.SetDisk(serial, path)
@@ -96,37 +90,12 @@ func (t *snapTarget) SetDisk(serial, path string) (json.RawMessage, error) {
 			break
 		}
 	}
-	return json.Marshal(diskSetResult{Serial: serial, Path: path, Sectors: sectors})
-}
-
-// Figures reported by the snapshot and rollback ops, in milliseconds.
-type snapshotResult struct {
-	Dir       string  `json:"dir"`
-	FrozenMS  float64 `json:"frozen_ms"`
-	TotalMS   float64 `json:"total_ms"`
-	PrecopyMS float64 `json:"precopy_ms"` // 0: no pre-copy (paused VM, incremental snapshot)
-	// MemoryBytes counts the pre-copy and the pages written again while
-	// frozen (RecopiedBytes).
-	MemoryBytes   int64 `json:"memory_bytes"`
-	RecopiedBytes int64 `json:"recopied_bytes"`
-	DiskBytes     int64 `json:"disk_bytes"`
-	Reflinked     bool  `json:"reflinked"`
-}
-
-type rollbackResult struct {
-	Dir       string  `json:"dir"`
-	PrepareMS float64 `json:"prepare_ms"`
-	FrozenMS  float64 `json:"frozen_ms"`
-	// Memory: "rewrite-dirty" (the VM's parent: only pages written since
-	// were read back) or "remap"; Pages: how many were rewritten.
-	Memory  string  `json:"memory"`
-	Pages   int64   `json:"pages_rewritten"`
-	TotalMS float64 `json:"total_ms"`
+	return &control.DiskSetResult{Serial: serial, Path: path, Sectors: sectors}, nil
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-func (t *snapTarget) Snapshot(dir string, incremental bool) (json.RawMessage, error) {
+func (t *snapTarget) Snapshot(dir string, incremental bool) (*control.SnapshotResult, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	c, err := t.comps()
@@ -141,11 +110,11 @@ func (t *snapTarget) Snapshot(dir string, incremental bool) (json.RawMessage, er
 	if err != nil {
 		return nil, err
 	}
-	return json.Marshal(snapshotResult{Dir: dir, FrozenMS: ms(st.Frozen), TotalMS: ms(st.Total), PrecopyMS: ms(st.Precopy),
-		MemoryBytes: st.MemoryBytes, RecopiedBytes: st.RecopiedBytes, DiskBytes: st.DiskBytes, Reflinked: st.Reflinked})
+	return &control.SnapshotResult{Dir: dir, FrozenMS: ms(st.Frozen), TotalMS: ms(st.Total), PrecopyMS: ms(st.Precopy),
+		MemoryBytes: st.MemoryBytes, RecopiedBytes: st.RecopiedBytes, DiskBytes: st.DiskBytes, Reflinked: st.Reflinked}, nil
 }
 
-func (t *snapTarget) Rollback(dir string) (json.RawMessage, error) {
+func (t *snapTarget) Rollback(dir string) (*control.RollbackResult, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	snap, err := checkpoint.Open(dir)
@@ -163,8 +132,8 @@ func (t *snapTarget) Rollback(dir string) (json.RawMessage, error) {
 	if err != nil {
 		return nil, err
 	}
-	return json.Marshal(rollbackResult{Dir: dir, PrepareMS: ms(st.Prepare), FrozenMS: ms(st.Frozen), TotalMS: ms(st.Total),
-		Memory: st.Memory, Pages: st.Pages})
+	return &control.RollbackResult{Dir: dir, PrepareMS: ms(st.Prepare), FrozenMS: ms(st.Frozen), TotalMS: ms(st.Total),
+		Memory: st.Memory, Pages: st.Pages}, nil
 }
 
 // exitStatus maps how the guest ended to cube-vmm's exit status.

@@ -51,7 +51,7 @@ func startVMM(t *testing.T, sock string, args ...string) *vmm {
 	}()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		c, err := control.Dial(sock)
+		c, err := control.Dial(t.Context(), sock)
 		if err == nil {
 			v.ctl = c
 			return v
@@ -70,7 +70,7 @@ func startVMM(t *testing.T, sock string, args ...string) *vmm {
 
 func (v *vmm) stop(t *testing.T) {
 	t.Helper()
-	v.ctl.Stop()
+	v.ctl.Stop(t.Context())
 	v.ctl.Close()
 	select {
 	case rc := <-v.rc:
@@ -98,51 +98,51 @@ func TestSnapshotRollbackRestoreOps(t *testing.T) {
 	v := startVMM(t, sock, "-kernel", kernel(t, counterCode), "-memory", "64", "-console", "none",
 		"-control", sock, "-disk", disk+",serial=data", "-rng=false")
 	time.Sleep(100 * time.Millisecond)
-	if err := v.ctl.Pause(); err != nil {
+	if err := v.ctl.Pause(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	s1 := filepath.Join(dir, "s1")
-	res, err := v.ctl.Snapshot(s1, false)
+	res, err := v.ctl.Snapshot(t.Context(), s1, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("snapshot: %s", res)
+	t.Logf("snapshot: %+v", res)
 	c1 := snapCounter(t, s1)
 	if c1 == 0 {
 		t.Fatal("counter not running before the snapshot")
 	}
 	// The guest runs on; the disk changes under it.
-	v.ctl.Resume()
+	v.ctl.Resume(t.Context())
 	time.Sleep(50 * time.Millisecond)
 	os.WriteFile(disk, bytes.Repeat([]byte("changed!"), 8192), 0o644)
-	v.ctl.Pause()
-	res, err = v.ctl.Rollback(s1)
+	v.ctl.Pause(t.Context())
+	rb, err := v.ctl.Rollback(t.Context(), s1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("rollback: %s", res)
+	t.Logf("rollback: %+v", rb)
 	if b, _ := os.ReadFile(disk); !bytes.Equal(b, orig) {
 		t.Error("disk not rolled back")
 	}
 	s2 := filepath.Join(dir, "s2")
-	if _, err := v.ctl.Snapshot(s2, false); err != nil {
+	if _, err := v.ctl.Snapshot(t.Context(), s2, false); err != nil {
 		t.Fatal(err)
 	}
 	if c := snapCounter(t, s2); c != c1 {
 		t.Fatalf("after rollback the counter is %d, want %d", c, c1)
 	}
 	// Refusals leave the VM as it was.
-	if _, err := v.ctl.Rollback(filepath.Join(dir, "missing")); err == nil {
+	if _, err := v.ctl.Rollback(t.Context(), filepath.Join(dir, "missing")); err == nil {
 		t.Error("rollback to a missing snapshot succeeded")
 	}
-	if _, err := v.ctl.Snapshot(s2, false); err == nil || !strings.Contains(err.Error(), "exists") {
+	if _, err := v.ctl.Snapshot(t.Context(), s2, false); err == nil || !strings.Contains(err.Error(), "exists") {
 		t.Errorf("snapshot over an existing one: %v", err)
 	}
-	v.ctl.Resume()
+	v.ctl.Resume(t.Context())
 	time.Sleep(20 * time.Millisecond)
-	v.ctl.Pause()
+	v.ctl.Pause(t.Context())
 	s3 := filepath.Join(dir, "s3")
-	v.ctl.Snapshot(s3, false)
+	v.ctl.Snapshot(t.Context(), s3, false)
 	if c := snapCounter(t, s3); c <= c1 {
 		t.Fatalf("counter did not advance after the rollback: %d", c)
 	}
@@ -152,7 +152,7 @@ func TestSnapshotRollbackRestoreOps(t *testing.T) {
 	os.Remove(disk)
 	r := startVMM(t, sock, "restore", "-paused", s1)
 	s4 := filepath.Join(dir, "s4")
-	if _, err := r.ctl.Snapshot(s4, false); err != nil {
+	if _, err := r.ctl.Snapshot(t.Context(), s4, false); err != nil {
 		t.Fatal(err)
 	}
 	if c := snapCounter(t, s4); c != c1 {
@@ -161,11 +161,11 @@ func TestSnapshotRollbackRestoreOps(t *testing.T) {
 	if b, _ := os.ReadFile(disk); !bytes.Equal(b, orig) {
 		t.Error("restore did not recreate the disk from the snapshot")
 	}
-	r.ctl.Resume()
+	r.ctl.Resume(t.Context())
 	time.Sleep(20 * time.Millisecond)
-	r.ctl.Pause()
+	r.ctl.Pause(t.Context())
 	s5 := filepath.Join(dir, "s5")
-	r.ctl.Snapshot(s5, false)
+	r.ctl.Snapshot(t.Context(), s5, false)
 	if c := snapCounter(t, s5); c <= c1 {
 		t.Fatalf("restored counter did not advance: %d", c)
 	}
@@ -192,19 +192,19 @@ func TestRollbackRefusesOtherKernel(t *testing.T) {
 	sockA, sockB := filepath.Join(dir, "a"), filepath.Join(dir, "b")
 	a := startVMM(t, sockA, "-kernel", kernel(t, counterCode), "-memory", "64", "-console", "none", "-control", sockA)
 	snap := filepath.Join(dir, "snap")
-	if _, err := a.ctl.Snapshot(snap, false); err != nil {
+	if _, err := a.ctl.Snapshot(t.Context(), snap, false); err != nil {
 		t.Fatal(err)
 	}
 	a.stop(t)
 	other := append([]byte{0x90}, counterCode...) // a nop in front: another kernel image
 	b := startVMM(t, sockB, "-kernel", kernel(t, other), "-memory", "64", "-console", "none", "-control", sockB)
-	_, err := b.ctl.Rollback(snap)
+	_, err := b.ctl.Rollback(t.Context(), snap)
 	if err == nil || !strings.Contains(err.Error(), "kernel sha256") {
 		t.Fatalf("rollback to another kernel's snapshot: %v", err)
 	}
 	t.Log(err)
 	var info struct{ State string }
-	if err := b.ctl.Info(&info); err != nil || info.State != "running" {
+	if err := b.ctl.Info(t.Context(), &info); err != nil || info.State != "running" {
 		t.Fatalf("after the refusal the VM is %q (%v)", info.State, err)
 	}
 	b.stop(t)
@@ -220,9 +220,9 @@ func TestRestoreStandby(t *testing.T) {
 	sock := filepath.Join(dir, "ctl")
 	a := startVMM(t, sock, "-kernel", kernel(t, counterCode), "-memory", "64", "-console", "none", "-control", sock)
 	time.Sleep(50 * time.Millisecond)
-	a.ctl.Pause()
+	a.ctl.Pause(t.Context())
 	snap := filepath.Join(dir, "snap")
-	if _, err := a.ctl.Snapshot(snap, false); err != nil {
+	if _, err := a.ctl.Snapshot(t.Context(), snap, false); err != nil {
 		t.Fatal(err)
 	}
 	c1 := snapCounter(t, snap)
@@ -231,41 +231,41 @@ func TestRestoreStandby(t *testing.T) {
 	sb := filepath.Join(dir, "standby")
 	s := startVMM(t, sb, "restore", "-standby", "-control", sb, "-console", "none")
 	var info struct{ State string }
-	if err := s.ctl.Info(&info); err != nil || info.State != "standby" {
+	if err := s.ctl.Info(t.Context(), &info); err != nil || info.State != "standby" {
 		t.Fatalf("standby info: %q %v", info.State, err)
 	}
-	if err := s.ctl.Pause(); err == nil || !strings.Contains(err.Error(), "restore first") {
+	if err := s.ctl.Pause(t.Context()); err == nil || !strings.Contains(err.Error(), "restore first") {
 		t.Errorf("pause on standby: %v", err)
 	}
-	if _, err := s.ctl.Restore("relative/snap", false); err == nil || !strings.Contains(err.Error(), "not absolute") {
+	if _, err := s.ctl.Restore(t.Context(), "relative/snap", false); err == nil || !strings.Contains(err.Error(), "not absolute") {
 		t.Errorf("relative restore dir: %v", err)
 	}
-	if _, err := s.ctl.Restore(filepath.Join(dir, "missing"), false); err == nil {
+	if _, err := s.ctl.Restore(t.Context(), filepath.Join(dir, "missing"), false); err == nil {
 		t.Error("restore of a missing snapshot succeeded")
 	}
-	res, err := s.ctl.Restore(snap, true)
+	res, err := s.ctl.Restore(t.Context(), snap, true)
 	if err != nil {
 		t.Fatalf("restore after a failed one: %v\n%s", err, s.stderr)
 	}
-	t.Logf("restore: %s", res)
-	if err := s.ctl.Info(&info); err != nil || info.State != "paused" {
+	t.Logf("restore: %+v", res)
+	if err := s.ctl.Info(t.Context(), &info); err != nil || info.State != "paused" {
 		t.Fatalf("after restore -paused the VM is %q (%v)", info.State, err)
 	}
 	s2 := filepath.Join(dir, "s2")
-	if _, err := s.ctl.Snapshot(s2, false); err != nil {
+	if _, err := s.ctl.Snapshot(t.Context(), s2, false); err != nil {
 		t.Fatal(err)
 	}
 	if c := snapCounter(t, s2); c != c1 {
 		t.Fatalf("restored counter %d, want %d", c, c1)
 	}
-	if _, err := s.ctl.Restore(snap, false); err == nil || !strings.Contains(err.Error(), "already runs a VM") {
+	if _, err := s.ctl.Restore(t.Context(), snap, false); err == nil || !strings.Contains(err.Error(), "already runs a VM") {
 		t.Errorf("second restore: %v", err)
 	}
-	s.ctl.Resume()
+	s.ctl.Resume(t.Context())
 	time.Sleep(20 * time.Millisecond)
-	s.ctl.Pause()
+	s.ctl.Pause(t.Context())
 	s3 := filepath.Join(dir, "s3")
-	s.ctl.Snapshot(s3, false)
+	s.ctl.Snapshot(t.Context(), s3, false)
 	if c := snapCounter(t, s3); c <= c1 {
 		t.Fatalf("restored counter did not advance: %d", c)
 	}

@@ -124,7 +124,7 @@ func TestControlSocketStop(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var err error
-		if c, err = control.Dial(sock); err == nil {
+		if c, err = control.Dial(t.Context(), sock); err == nil {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -134,13 +134,13 @@ func TestControlSocketStop(t *testing.T) {
 	}
 	defer c.Close()
 	var info struct{ State string }
-	if err := c.Pause(); err != nil {
+	if err := c.Pause(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Info(&info); err != nil || info.State != "paused" {
+	if err := c.Info(t.Context(), &info); err != nil || info.State != "paused" {
 		t.Fatalf("info %+v %v", info, err)
 	}
-	if err := c.Resume(); err != nil {
+	if err := c.Resume(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	// Let the guest finish its line before stopping it (CPL0 code can be slow).
@@ -152,7 +152,7 @@ func TestControlSocketStop(t *testing.T) {
 			t.Fatal("console never showed the guest's line")
 		}
 	}
-	if err := c.Stop(); err != nil {
+	if err := c.Stop(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	select {

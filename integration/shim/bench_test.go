@@ -174,13 +174,13 @@ func (d *daemons) templateConfig(tb testing.TB) (string, error) {
 	booted := time.Since(start)
 	// The snapshot should not carry a live agent connection into every restored VM.
 	sb.Agent().Close()
-	c, err := control.Dial(filepath.Join(vmDir, "control.sock"))
+	c, err := control.Dial(context.Background(), filepath.Join(vmDir, "control.sock"))
 	if err != nil {
 		return "", fmt.Errorf("template VM control socket: %w", err)
 	}
 	defer c.Close()
 	start = time.Now()
-	if _, err := c.Snapshot(tmpl, false); err != nil {
+	if _, err := c.Snapshot(context.Background(), tmpl, false); err != nil {
 		return "", fmt.Errorf("snapshot the template VM: %w", err)
 	}
 	tb.Logf("template: booted in %v, snapshotted in %v", booted, time.Since(start))

@@ -1,7 +1,7 @@
 package snapshot
 
 import (
-	"encoding/json"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -54,7 +54,7 @@ func bootCubeErr(dir string, memMiB, randMiB int) (*cubeVM, error) {
 func dialControlErr(p *proc, sock string, timeout time.Duration) (*control.Client, error) {
 	deadline := time.Now().Add(timeout)
 	for {
-		c, err := control.Dial(sock)
+		c, err := control.Dial(context.Background(), sock)
 		if err == nil {
 			return c, nil
 		}
@@ -97,30 +97,33 @@ func (v *cubeVM) ctlDo(what string, f func() error) error {
 
 // snapshotErr is a control-socket snapshot into dir, timed (round trip), with cube-vmm's figures.
 func (v *cubeVM) snapshotErr(dir string, incremental bool) (time.Duration, snapResult, error) {
-	return v.timedOp("snapshot "+dir, func() (json.RawMessage, error) { return v.ctl.Snapshot(dir, incremental) })
+	return v.timedOp("snapshot "+dir, func() (snapResult, error) {
+		r, err := v.ctl.Snapshot(context.Background(), dir, incremental)
+		return snapResult{FrozenMS: r.FrozenMS, TotalMS: r.TotalMS, PrecopyMS: r.PrecopyMS, MemoryBytes: r.MemoryBytes,
+			RecopiedBytes: r.RecopiedBytes}, err
+	})
 }
 
 // rollbackErr is an in-place rollback to dir, timed (round trip), with cube-vmm's figures.
 func (v *cubeVM) rollbackErr(dir string) (time.Duration, snapResult, error) {
-	return v.timedOp("rollback to "+dir, func() (json.RawMessage, error) { return v.ctl.Rollback(dir) })
+	return v.timedOp("rollback to "+dir, func() (snapResult, error) {
+		r, err := v.ctl.Rollback(context.Background(), dir)
+		return snapResult{FrozenMS: r.FrozenMS, TotalMS: r.TotalMS, PrepareMS: r.PrepareMS, Memory: r.Memory, Pages: r.Pages}, err
+	})
 }
 
-func (v *cubeVM) timedOp(what string, op func() (json.RawMessage, error)) (time.Duration, snapResult, error) {
-	var raw json.RawMessage
+func (v *cubeVM) timedOp(what string, op func() (snapResult, error)) (time.Duration, snapResult, error) {
+	var r snapResult
 	var d time.Duration
 	err := v.ctlDo(what, func() error {
 		t0 := time.Now()
 		var err error
-		raw, err = op()
+		r, err = op()
 		d = time.Since(t0)
 		return err
 	})
 	if err != nil {
 		return 0, snapResult{}, err
-	}
-	var r snapResult
-	if err := json.Unmarshal(raw, &r); err != nil {
-		return 0, snapResult{}, fmt.Errorf("%s: result %q: %w", what, raw, err)
 	}
 	return d, r, nil
 }
@@ -138,7 +141,7 @@ func (v *cubeVM) ping(tag string) error {
 // is lost (EOF: cube-vmm can close the connection as it exits, before the reply is written) but whose VMM
 // exits counts as stopped.
 func (v *cubeVM) stopErr() error {
-	err := v.ctlDo("stop", v.ctl.Stop)
+	err := v.ctlDo("stop", func() error { return v.ctl.Stop(context.Background()) })
 	if err == nil || errors.Is(err, io.EOF) {
 		err = benchloss.Stalled(v.p.waitExit(time.Minute))
 	}
@@ -154,7 +157,8 @@ func (v *cubeVM) stopErr() error {
 // socket: a SIGKILL of a VMM whose vCPUs are in KVM_RUN was followed by the test host kernel's panics (README
 // "Known problems"). Only a VMM that does not stop is killed.
 func (v *cubeVM) abandon() {
-	if !v.p.exited() && within(20*time.Second, v.ctl.Pause) == nil && within(20*time.Second, v.ctl.Stop) == nil {
+	if !v.p.exited() && within(20*time.Second, func() error { return v.ctl.Pause(context.Background()) }) == nil &&
+		within(20*time.Second, func() error { return v.ctl.Stop(context.Background()) }) == nil {
 		v.p.waitExit(30 * time.Second)
 	}
 	v.ctl.Close()
@@ -227,7 +231,7 @@ func restoreCubeErrLog(dir, snap string, logged bool) (time.Duration, string, er
 		var info struct {
 			State string `json:"state"`
 		}
-		if err := v.ctlDo("info", func() error { return ctl.Info(&info) }); err != nil {
+		if err := v.ctlDo("info", func() error { return ctl.Info(context.Background(), &info) }); err != nil {
 			v.abandon()
 			return 0, "", err
 		}

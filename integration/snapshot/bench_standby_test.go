@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 	"time"
@@ -24,7 +25,7 @@ func restoreStandbyErr(dir, snap string) (time.Duration, error) {
 	var info struct {
 		State string `json:"state"`
 	}
-	if err := v.ctlDo("standby info", func() error { return ctl.Info(&info) }); err != nil {
+	if err := v.ctlDo("standby info", func() error { return ctl.Info(context.Background(), &info) }); err != nil {
 		v.abandon()
 		return 0, err
 	}
@@ -35,12 +36,12 @@ func restoreStandbyErr(dir, snap string) (time.Duration, error) {
 	var d time.Duration
 	err = v.ctlDo("standby restore "+snap, func() error {
 		t0 := time.Now()
-		_, err := ctl.Restore(snap, false)
+		_, err := ctl.Restore(context.Background(), snap, false)
 		d = time.Since(t0)
 		return err
 	})
 	if err == nil {
-		err = v.ctlDo("info after the standby restore", func() error { return ctl.Info(&info) })
+		err = v.ctlDo("info after the standby restore", func() error { return ctl.Info(context.Background(), &info) })
 	}
 	if err == nil && info.State != "running" {
 		err = fmt.Errorf("after the standby restore: state %q, want running\n%s", info.State, p.tail())

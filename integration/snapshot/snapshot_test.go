@@ -87,7 +87,7 @@ func (s *sandbox) dialControl() {
 	s.t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
-		c, err := control.Dial(s.ctlSock)
+		c, err := control.Dial(context.Background(), s.ctlSock)
 		if err == nil {
 			s.ctl = c
 			return
@@ -178,7 +178,7 @@ func (s *sandbox) diagnose() string {
 	}
 	if s.ctl != nil {
 		var info json.RawMessage
-		err := s.ctl.Info(&info)
+		err := s.ctl.Info(context.Background(), &info)
 		fmt.Fprintf(&b, "vmm info: %s %v\n", info, err)
 	}
 	if st, ok := s.vmm.Exited(); ok {
@@ -292,13 +292,13 @@ func (s *sandbox) afterRestore(what string, before *protocol.HealthResponse) {
 		set.Sub(time.Unix(0, stale.NowUnixNano)).Round(time.Millisecond))
 }
 
-func (s *sandbox) controlOp(op string, f func() (json.RawMessage, error)) {
+func (s *sandbox) controlOp(op string, f func() (any, error)) {
 	s.t.Helper()
 	res, err := f()
 	if err != nil {
 		s.t.Fatalf("%s: %v\nstderr:\n%s", op, err, s.vmm.Stderr())
 	}
-	s.t.Logf("%s: %s", op, res)
+	s.t.Logf("%s: %+v", op, res)
 }
 
 func (s *sandbox) fileGone(p string) {
@@ -396,7 +396,7 @@ func TestRollbackAndRestore(t *testing.T) {
 		t.Fatalf("freeze: %v %v", fr, err)
 	}
 	snap := filepath.Join(dir, "snap")
-	s.controlOp("snapshot", func() (json.RawMessage, error) { return s.ctl.Snapshot(snap, false) })
+	s.controlOp("snapshot", func() (any, error) { return s.ctl.Snapshot(context.Background(), snap, false) })
 	if _, err := s.client.ThawFilesystems(ctx(t), &protocol.ThawRequest{}); err != nil {
 		t.Fatal(err)
 	}
@@ -419,21 +419,17 @@ func TestRollbackAndRestore(t *testing.T) {
 		t.Logf("%s: worker advanced to %d, then was killed", label, moved.Counter)
 
 		start := time.Now()
-		var res json.RawMessage
-		s.controlOp("rollback", func() (json.RawMessage, error) {
+		var rb control.RollbackResult
+		s.controlOp("rollback", func() (any, error) {
 			var err error
-			res, err = s.ctl.Rollback(snap)
-			return res, err
+			rb, err = s.ctl.Rollback(context.Background(), snap)
+			return rb, err
 		})
-		var rb struct {
-			Memory string `json:"memory"`
-			Pages  int64  `json:"pages_rewritten"`
-		}
-		if err := json.Unmarshal(res, &rb); err != nil || rb.Memory != mode {
-			t.Fatalf("%s: rollback result %s (%v): want memory %q", label, res, err, mode)
+		if rb.Memory != mode {
+			t.Fatalf("%s: rollback result %+v: want memory %q", label, rb, mode)
 		}
 		if mode == "rewrite-dirty" && rb.Pages == 0 {
-			t.Fatalf("%s: the guest ran and wrote, yet the rollback rewrote no page: %s", label, res)
+			t.Fatalf("%s: the guest ran and wrote, yet the rollback rewrote no page: %+v", label, rb)
 		}
 		t.Logf("%s: agent back %v after the rollback call (%v in all)", label, s.connect(time.Minute), time.Since(start))
 		s.afterRestore(label, atSnap)
@@ -461,7 +457,7 @@ func TestRollbackAndRestore(t *testing.T) {
 	// An incremental snapshot over the one rolled back to: only the pages dirtied since the rollback. It is the
 	// parent now, so a rollback to the full snapshot remaps guest memory from the snapshot's file.
 	inc := filepath.Join(dir, "snap-inc")
-	s.controlOp("incremental snapshot", func() (json.RawMessage, error) { return s.ctl.Snapshot(inc, true) })
+	s.controlOp("incremental snapshot", func() (any, error) { return s.ctl.Snapshot(context.Background(), inc, true) })
 	rollbackRound("rollback to a snapshot other than the parent", "remap")
 
 	// Stop the VMM, delete its disk, start a new one from the snapshot.
@@ -469,7 +465,7 @@ func TestRollbackAndRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.client.SyncFilesystems(ctx(t), &protocol.Empty{})
-	s.ctl.Stop()
+	s.ctl.Stop(context.Background())
 	if st := s.vmm.Wait(t, time.Minute); st != 12 {
 		t.Fatalf("cube-vmm exit %d after stop, want 12", st)
 	}
@@ -494,7 +490,7 @@ func TestRollbackAndRestore(t *testing.T) {
 		s.hold(false)
 		s.waitAdvance(saved.Counter)
 		t.Logf("%s: %+v, advancing", what, saved)
-		s.ctl.Stop()
+		s.ctl.Stop(context.Background())
 		if st := s.vmm.Wait(t, time.Minute); st != 12 {
 			t.Errorf("cube-vmm exit %d after stop (%s), want 12", st, what)
 		}
@@ -513,11 +509,11 @@ func TestRollbackAndRestore(t *testing.T) {
 	s.vmm = vmmrun.Start(t, cubeVMM, "restore", "-standby", "-control", s.ctlSock, "-log-level", "info")
 	s.dialControl()
 	var info struct{ State string }
-	if err := s.ctl.Info(&info); err != nil || info.State != "standby" {
+	if err := s.ctl.Info(context.Background(), &info); err != nil || info.State != "standby" {
 		t.Fatalf("standby cube-vmm info: %q %v", info.State, err)
 	}
 	start = time.Now()
-	s.controlOp("standby restore", func() (json.RawMessage, error) { return s.ctl.Restore(snap, false) })
+	s.controlOp("standby restore", func() (any, error) { return s.ctl.Restore(context.Background(), snap, false) })
 	checkRestored("restore into a standby process", start)
 	s.tc.Close()
 

@@ -247,7 +247,7 @@ i=0; while true; do i=$((i+1)); echo "tick $i"; /bin/busybox usleep 100000; done
 	cmd, out := startVMM(t, "-kernel", guestKernel, "-initrd", initrd, "-cmdline", guestCmdline, "-memory", "256",
 		"-control", sock)
 	defer cmd.Process.Kill()
-	c, err := control.Dial(sock)
+	c, err := control.Dial(t.Context(), sock)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,11 +263,11 @@ i=0; while true; do i=$((i+1)); echo "tick $i"; /bin/busybox usleep 100000; done
 		}
 	}
 	waitFor("first ticks", func() bool { return strings.Count(out.String(), "tick ") >= 3 })
-	if err := c.Pause(); err != nil {
+	if err := c.Pause(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	var info struct{ State string }
-	if err := c.Info(&info); err != nil || info.State != "paused" {
+	if err := c.Info(t.Context(), &info); err != nil || info.State != "paused" {
 		t.Fatalf("info after pause: %+v %v", info, err)
 	}
 	n := strings.Count(out.String(), "tick ")
@@ -275,11 +275,11 @@ i=0; while true; do i=$((i+1)); echo "tick $i"; /bin/busybox usleep 100000; done
 	if m := strings.Count(out.String(), "tick "); m > n+1 { // one line may be in flight
 		t.Errorf("guest printed %d ticks while paused", m-n)
 	}
-	if err := c.Resume(); err != nil {
+	if err := c.Resume(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	waitFor("ticks after resume", func() bool { return strings.Count(out.String(), "tick ") >= n+5 })
-	if err := c.Stop(); err != nil {
+	if err := c.Stop(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	err = cmd.Wait()

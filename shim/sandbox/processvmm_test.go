@@ -205,12 +205,12 @@ func TestArgsParseWithTheRealVMM(t *testing.T) {
 
 type recordingTarget struct{ ops []string }
 
-func (r *recordingTarget) SetDisk(serial, path string) (json.RawMessage, error) {
+func (r *recordingTarget) SetDisk(serial, path string) (*control.DiskSetResult, error) {
 	if serial == "cube-slot-9" {
 		return nil, fmt.Errorf("set disk %q: no such disk", serial)
 	}
 	r.ops = append(r.ops, "disk-set "+serial+" "+path)
-	return json.RawMessage(`{}`), nil
+	return &control.DiskSetResult{Serial: serial, Path: path}, nil
 }
 
 func (r *recordingTarget) Pause() error  { r.ops = append(r.ops, "pause"); return nil }
