@@ -199,7 +199,6 @@ bench-shim: deps
 fuzz-shim:
 	$(GO) test -run '^$$' -fuzz FuzzParse$$ -fuzztime 20s ./shim/config
 	$(GO) test -run '^$$' -fuzz FuzzParseReply -fuzztime 20s ./hypervisor/vsockdial
-	$(GO) test -run '^$$' -fuzz FuzzParseControlReply -fuzztime 20s ./shim/sandbox
 # ---- end shim ----------------------------------------------------------------
 
 # >>> snapshot (issue 5) — block owned by the snapshot slice; merge into the main Makefile as is.

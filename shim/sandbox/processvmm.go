@@ -1,9 +1,7 @@
 package sandbox
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -23,7 +21,7 @@ import (
 )
 
 // ProcessVMM runs the VM as a cube-vmm child process (cmd/cube-vmm) and
-// drives it through its JSON-lines control socket (hypervisor/control). The
+// drives it through its control socket with hypervisor/control's Client. The
 // command line it builds (docs/shim.md, "cube-vmm contract"):
 //
 //	cube-vmm -kernel K [-initrd I] -cmdline C -memory M -vcpus N
@@ -224,12 +222,12 @@ func (v *ProcessVMM) Exit() VMExit {
 
 // Pause implements VMM.
 func (v *ProcessVMM) Pause(ctx context.Context) error {
-	return v.control(ctx, controlRequest{Op: "pause"})
+	return v.control(ctx, func(c *control.Client) error { return c.Pause(ctx) })
 }
 
 // Resume implements VMM.
 func (v *ProcessVMM) Resume(ctx context.Context) error {
-	return v.control(ctx, controlRequest{Op: "resume"})
+	return v.control(ctx, func(c *control.Client) error { return c.Resume(ctx) })
 }
 
 // SetDisk implements VMM with the control op "disk-set" (serial, path).
@@ -237,7 +235,10 @@ func (v *ProcessVMM) SetDisk(ctx context.Context, serial, path string) error {
 	if err := validateDisk(Disk{Serial: serial, Path: path}); err != nil {
 		return err
 	}
-	return v.control(ctx, controlRequest{Op: "disk-set", Serial: serial, Path: path})
+	return v.control(ctx, func(c *control.Client) error {
+		_, err := c.SetDisk(ctx, serial, path)
+		return err
+	})
 }
 
 // Stop implements VMM: "stop" on the control socket, SIGKILL if the VMM is
@@ -252,7 +253,7 @@ func (v *ProcessVMM) Stop(ctx context.Context) error {
 		return nil
 	default:
 	}
-	if err := v.control(ctx, controlRequest{Op: "stop"}); err != nil {
+	if err := v.control(ctx, func(c *control.Client) error { return c.Stop(ctx) }); err != nil {
 		// cube-vmm may exit before its reply is out (EOF): give it a moment.
 		select {
 		case <-done:
@@ -280,81 +281,31 @@ func (v *ProcessVMM) DialVsock(ctx context.Context, port uint32) (net.Conn, erro
 	return vsockdial.Dial(ctx, path, port)
 }
 
-// controlRequest is one line to cube-vmm's control socket: hypervisor/control's
-// own request type ({"op":…}; disk-set adds serial and path).
-type controlRequest = control.Request
-
-// Snapshot implements VMM with the control op "snapshot".
-func (v *ProcessVMM) Snapshot(ctx context.Context, dir string) (json.RawMessage, error) {
-	if !filepath.IsAbs(dir) {
-		return nil, fmt.Errorf("snapshot dir %q is not absolute", dir)
-	}
-	return v.controlResult(ctx, controlRequest{Op: "snapshot", Dir: dir})
+// Snapshot implements VMM with the control op "snapshot" (cube-vmm refuses
+// a dir that is not absolute).
+func (v *ProcessVMM) Snapshot(ctx context.Context, dir string) (control.SnapshotResult, error) {
+	var res control.SnapshotResult
+	err := v.control(ctx, func(c *control.Client) (err error) {
+		res, err = c.Snapshot(ctx, dir, false)
+		return err
+	})
+	return res, err
 }
 
-// control sends one request and reads the one-line JSON response.
-func (v *ProcessVMM) control(ctx context.Context, req controlRequest) error {
-	_, err := v.controlResult(ctx, req)
-	return err
-}
-
-// controlResult is control returning the op's result.
-func (v *ProcessVMM) controlResult(ctx context.Context, req controlRequest) (json.RawMessage, error) {
+// control runs do on a connection to cube-vmm's control socket made for it:
+// one per request, so that a request cut short by its ctx leaves nothing
+// behind for the next.
+func (v *ProcessVMM) control(ctx context.Context, do func(*control.Client) error) error {
 	v.mu.Lock()
 	path := v.cfg.ControlPath
 	v.mu.Unlock()
 	if path == "" {
-		return nil, errors.New("vmm not started")
+		return errors.New("vmm not started")
 	}
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", path)
+	c, err := control.Dial(ctx, path)
 	if err != nil {
-		return nil, fmt.Errorf("vmm control %s: %w", req.Op, err)
+		return err
 	}
-	defer conn.Close()
-	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
-	defer stop()
-	if err := json.NewEncoder(conn).Encode(req); err != nil {
-		return nil, fmt.Errorf("vmm control %s: %w", req.Op, err)
-	}
-	line, err := bufio.NewReader(&limitedReader{r: conn, n: 64 << 10}).ReadBytes('\n')
-	if err != nil {
-		return nil, fmt.Errorf("vmm control %s: read reply: %w", req.Op, err)
-	}
-	result, err := parseControlReply(line)
-	if err != nil {
-		return nil, fmt.Errorf("vmm control %s: %w", req.Op, err)
-	}
-	return result, nil
-}
-
-func parseControlReply(line []byte) (json.RawMessage, error) {
-	var resp control.Response
-	if err := json.Unmarshal(line, &resp); err != nil {
-		return nil, fmt.Errorf("bad reply: %w", err)
-	}
-	if !resp.OK {
-		if resp.Error == "" {
-			return nil, errors.New("refused without a reason")
-		}
-		return nil, fmt.Errorf("refused: %s", resp.Error)
-	}
-	return resp.Result, nil
-}
-
-type limitedReader struct {
-	r interface{ Read([]byte) (int, error) }
-	n int
-}
-
-func (l *limitedReader) Read(p []byte) (int, error) {
-	if l.n <= 0 {
-		return 0, errors.New("reply too long")
-	}
-	if len(p) > l.n {
-		p = p[:l.n]
-	}
-	n, err := l.r.Read(p)
-	l.n -= n
-	return n, err
+	defer c.Close()
+	return do(c)
 }

@@ -23,6 +23,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/sirupsen/logrus"
+
+	"github.com/cube-runtime/cube/hypervisor/control"
 )
 
 // State is the VM's lifecycle state.
@@ -453,7 +455,7 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 // running guest syncs its filesystems first, so that the disk copies in the
 // snapshot are consistent on their own; a paused guest cannot answer and
 // needs not: memory and disks are captured at the same instant either way.
-func (s *Sandbox) Snapshot(ctx context.Context, dir string) (json.RawMessage, error) {
+func (s *Sandbox) Snapshot(ctx context.Context, dir string) (control.SnapshotResult, error) {
 	s.mu.Lock()
 	st, agent := s.state, s.agent
 	s.mu.Unlock()
@@ -461,16 +463,16 @@ func (s *Sandbox) Snapshot(ctx context.Context, dir string) (json.RawMessage, er
 	case StateRunning:
 		if agent != nil {
 			if err := agent.SyncFilesystems(ctx); err != nil {
-				return nil, fmt.Errorf("sandbox %s: snapshot: sync guest filesystems: %w", s.o.ID, err)
+				return control.SnapshotResult{}, fmt.Errorf("sandbox %s: snapshot: sync guest filesystems: %w", s.o.ID, err)
 			}
 		}
 	case StatePaused:
 	default:
-		return nil, fmt.Errorf("sandbox %s: snapshot in state %s", s.o.ID, st)
+		return control.SnapshotResult{}, fmt.Errorf("sandbox %s: snapshot in state %s", s.o.ID, st)
 	}
 	res, err := s.o.VMM.Snapshot(ctx, dir)
 	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: snapshot: %w", s.o.ID, err)
+		return control.SnapshotResult{}, fmt.Errorf("sandbox %s: snapshot: %w", s.o.ID, err)
 	}
 	return res, nil
 }

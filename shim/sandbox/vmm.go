@@ -2,8 +2,9 @@ package sandbox
 
 import (
 	"context"
-	"encoding/json"
 	"net"
+
+	"github.com/cube-runtime/cube/hypervisor/control"
 )
 
 // Disk is one virtio-blk drive of the VM.
@@ -55,9 +56,9 @@ type VMM interface {
 	// backing file (the guest sees a media change).
 	SetDisk(ctx context.Context, serial, path string) error
 	// Snapshot writes a whole-VM snapshot (memory, vCPU and device state,
-	// copies of the writable disks) into dir, which must not exist yet, and
-	// returns the VMM's figures as JSON. A paused VM stays paused.
-	Snapshot(ctx context.Context, dir string) (json.RawMessage, error)
+	// copies of the writable disks) into dir, which must be absolute and not
+	// exist yet, and returns the VMM's figures. A paused VM stays paused.
+	Snapshot(ctx context.Context, dir string) (control.SnapshotResult, error)
 	// Stop ends the VM: a graceful stop request, then SIGKILL after ctx ends.
 	Stop(ctx context.Context) error
 	Wait() <-chan struct{}

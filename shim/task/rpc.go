@@ -328,7 +328,8 @@ func (s *Service) Checkpoint(ctx context.Context, req *taskAPI.CheckpointTaskReq
 	if err != nil {
 		return nil, errOut(fmt.Errorf("checkpoint %s: %w", req.ID, err))
 	}
-	s.o.Log.WithFields(logrus.Fields{"id": req.ID, "dir": dir, "took": time.Since(start), "vmm": string(res)}).Info("checkpoint written")
+	s.o.Log.WithFields(logrus.Fields{"id": req.ID, "dir": dir, "took": time.Since(start), "vmm_frozen_ms": res.FrozenMS,
+		"vmm_total_ms": res.TotalMS, "memory_bytes": res.MemoryBytes, "disk_bytes": res.DiskBytes, "reflinked": res.Reflinked}).Info("checkpoint written")
 	s.publish(ctx, runtime.TaskCheckpointedEventTopic, &eventstypes.TaskCheckpointed{ContainerID: req.ID, Checkpoint: dir})
 	if opts.Exit {
 		// The guest must not run again after the snapshot: its processes end

@@ -5,15 +5,14 @@ package sandboxtest
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"sync"
 
+	"github.com/cube-runtime/cube/hypervisor/control"
 	"github.com/cube-runtime/cube/shim/sandbox"
 )
 
@@ -123,23 +122,23 @@ func (v *VMM) SetDisk(ctx context.Context, serial, path string) error {
 
 // Snapshot writes a marker file into dir (which must not exist) and records
 // the call; SnapshotErr, when set, is returned instead.
-func (v *VMM) Snapshot(ctx context.Context, dir string) (json.RawMessage, error) {
+func (v *VMM) Snapshot(ctx context.Context, dir string) (control.SnapshotResult, error) {
 	if err := v.alive(); err != nil {
-		return nil, err
+		return control.SnapshotResult{}, err
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.SnapshotErr != nil {
-		return nil, v.SnapshotErr
+		return control.SnapshotResult{}, v.SnapshotErr
 	}
 	if err := os.Mkdir(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("fake vmm: snapshot: %w", err)
+		return control.SnapshotResult{}, fmt.Errorf("fake vmm: snapshot: %w", err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "manifest.json"), []byte(`{"fake":true}`), 0o600); err != nil {
-		return nil, err
+		return control.SnapshotResult{}, err
 	}
 	v.Snapshots = append(v.Snapshots, dir)
-	return json.RawMessage(`{"dir":` + strconv.Quote(dir) + `}`), nil
+	return control.SnapshotResult{Dir: dir}, nil
 }
 
 // Stop ends the VM with status 0.

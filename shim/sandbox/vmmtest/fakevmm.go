@@ -1,6 +1,8 @@
 // Package vmmtest is a stand-in cube-vmm process for tests of code that
-// launches the real binary (it imports nothing of ours but the control
-// protocol types, so any test may use it).
+// launches the real binary. Its control socket is the real control server
+// (hypervisor/control) over a fake target, so it answers every op cube-vmm
+// answers, snapshot and rollback included, with cube-vmm's own refusals (it
+// imports nothing else of ours, so any test may use it).
 package vmmtest
 
 import (
@@ -11,7 +13,9 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/cube-runtime/cube/hypervisor/control"
 )
@@ -28,10 +32,10 @@ func IsFakeVMMArgs(args []string) bool {
 }
 
 // FakeVMMMain parses cube-vmm's flags as ProcessVMM passes them, serves the
-// JSON-lines control socket (pause, resume, stop, info, and disk-set, which
-// the real cube-vmm does not have yet) and the hybrid vsock socket (answers
-// CONNECT with OK and echoes), and logs to the -console file. It exits with
-// 12 on stop, like cube-vmm; -kernel crash makes it exit 3 at once.
+// control socket (see fakeTarget) and the hybrid vsock socket (answers
+// CONNECT with OK and echoes), and logs the disks and every op to the
+// -console file. It exits with 12 on stop, like cube-vmm; -kernel crash
+// makes it exit 3 at once.
 func FakeVMMMain(args []string) int {
 	fs := flag.NewFlagSet("cube-vmm", flag.ContinueOnError)
 	var disks diskFlags
@@ -69,50 +73,92 @@ func FakeVMMMain(args []string) int {
 	if err != nil {
 		return 4
 	}
-	cl, err := net.Listen("unix", *ctl)
+	go serveVsock(vl)
+	t := &fakeTarget{logf: logf, stopped: make(chan struct{})}
+	srv, err := control.Listen(*ctl, t)
 	if err != nil {
 		return 4
 	}
-	go func() {
-		for {
-			c, err := vl.Accept()
-			if err != nil {
+	<-t.stopped
+	srv.Close()
+	return 12
+}
+
+// serveVsock answers every CONNECT line with OK and then echoes.
+func serveVsock(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			r := bufio.NewReader(c)
+			if _, err := r.ReadString('\n'); err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				r := bufio.NewReader(c)
-				if _, err := r.ReadString('\n'); err != nil {
-					return
-				}
-				io.WriteString(c, "OK 99\n")
-				io.Copy(c, r)
-			}()
-		}
-	}()
-	for {
-		c, err := cl.Accept()
-		if err != nil {
-			return 5
-		}
-		var req struct{ Op, Serial, Path string }
-		line, _ := bufio.NewReader(c).ReadBytes('\n')
-		resp := control.Response{OK: true}
-		if err := json.Unmarshal(line, &req); err != nil {
-			resp = control.Response{Error: "bad request"}
-		}
-		switch req.Op {
-		case "pause", "resume", "info":
-		case "stop":
-			json.NewEncoder(c).Encode(resp)
-			c.Close()
-			return 12
-		case "disk-set":
-			logf("disk-set %s %s\n", req.Serial, req.Path)
-		default:
-			resp = control.Response{Error: fmt.Sprintf("unknown op %q", req.Op)}
-		}
-		json.NewEncoder(c).Encode(resp)
-		c.Close()
+			io.WriteString(c, "OK 99\n")
+			io.Copy(c, r)
+		}()
 	}
+}
+
+// fakeTarget is a VM that only records: pause, resume, info (its state),
+// stop (the process exits 12), disk-set (any drive, any file), snapshot (a
+// directory with a marker file; one that exists is refused) and rollback
+// (to such a directory only).
+type fakeTarget struct {
+	logf     func(format string, a ...any)
+	mu       sync.Mutex
+	paused   bool
+	stopOnce sync.Once
+	stopped  chan struct{}
+}
+
+const snapshotMarker = "fake-vmm-snapshot"
+
+func (f *fakeTarget) Pause() error  { return f.set(true) }
+func (f *fakeTarget) Resume() error { return f.set(false) }
+
+func (f *fakeTarget) set(paused bool) error {
+	f.mu.Lock()
+	f.paused = paused
+	f.mu.Unlock()
+	f.logf("paused=%v\n", paused)
+	return nil
+}
+
+func (f *fakeTarget) Stop() { f.stopOnce.Do(func() { close(f.stopped) }) }
+
+func (f *fakeTarget) InfoJSON() (json.RawMessage, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.paused {
+		return json.RawMessage(`{"state":"paused"}`), nil
+	}
+	return json.RawMessage(`{"state":"running"}`), nil
+}
+
+func (f *fakeTarget) SetDisk(serial, path string) (*control.DiskSetResult, error) {
+	f.logf("disk-set %s %s\n", serial, path)
+	return &control.DiskSetResult{Serial: serial, Path: path}, nil
+}
+
+func (f *fakeTarget) Snapshot(dir string, incremental bool) (*control.SnapshotResult, error) {
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, snapshotMarker), nil, 0o600); err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	f.logf("snapshot %s incremental=%v\n", dir, incremental)
+	return &control.SnapshotResult{Dir: dir}, nil
+}
+
+func (f *fakeTarget) Rollback(dir string) (*control.RollbackResult, error) {
+	if _, err := os.Stat(filepath.Join(dir, snapshotMarker)); err != nil {
+		return nil, fmt.Errorf("rollback: no snapshot of this VMM in %s: %w", dir, err)
+	}
+	f.logf("rollback %s\n", dir)
+	return &control.RollbackResult{Dir: dir, Memory: "remap"}, nil
 }
