@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/cube-runtime/cube/checkpoint"
+	"github.com/cube-runtime/cube/hypervisor/snapshot"
 	"github.com/cube-runtime/cube/hypervisor/virtio/blk"
 )
 
@@ -43,7 +43,7 @@ func TestSetDisk(t *testing.T) {
 	waitCounter(t, m, 1000)
 
 	before := filepath.Join(dir, "before")
-	if _, err := m.Snapshot(before, SnapshotOptions{Components: checkpoint.Components{VMMVersion: "test"}}); err != nil {
+	if _, err := m.Snapshot(before, SnapshotOptions{Components: snapshot.Components{VMMVersion: "test"}}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -73,10 +73,10 @@ func TestSetDisk(t *testing.T) {
 
 	// A snapshot now records the image, in the manifest and the device state.
 	after := filepath.Join(dir, "after")
-	if _, err := m.Snapshot(after, SnapshotOptions{Components: checkpoint.Components{VMMVersion: "test"}}); err != nil {
+	if _, err := m.Snapshot(after, SnapshotOptions{Components: snapshot.Components{VMMVersion: "test"}}); err != nil {
 		t.Fatal(err)
 	}
-	snap, err := checkpoint.Open(after)
+	snap, err := snapshot.Open(after)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,12 +93,12 @@ func TestSetDisk(t *testing.T) {
 
 	// Rolling back to the snapshot taken with the stub would write the
 	// stub's copy over the image: refused, nothing changed.
-	old, err := checkpoint.Open(before)
+	old, err := snapshot.Open(before)
 	if err != nil {
 		t.Fatal(err)
 	}
 	imgBefore, _ := os.ReadFile(image)
-	if _, err := m.Rollback(old); !errors.Is(err, checkpoint.ErrMismatch) {
+	if _, err := m.Rollback(old); !errors.Is(err, snapshot.ErrMismatch) {
 		t.Errorf("rollback across a re-pointed disk: %v, want ErrMismatch", err)
 	}
 	if b, _ := os.ReadFile(image); !bytes.Equal(b, imgBefore) {

@@ -5,8 +5,8 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/cube-runtime/cube/checkpoint"
 	"github.com/cube-runtime/cube/hypervisor/kvm"
+	"github.com/cube-runtime/cube/hypervisor/snapshot"
 )
 
 // Incremental snapshots. After a full snapshot (or a rollback or restore)
@@ -73,21 +73,21 @@ func (m *Machine) collectDirtyLocked() ([]uint64, error) {
 
 // parentLayers returns the memory layers of the VM's current parent
 // snapshot as seen from a sibling directory dir.
-func (m *Machine) parentLayers(dir string) ([]checkpoint.MemoryLayer, error) {
+func (m *Machine) parentLayers(dir string) ([]snapshot.MemoryLayer, error) {
 	if m.snap.parent == "" || !m.snap.logging {
 		return nil, fmt.Errorf("incremental snapshot: no parent (take a full snapshot first)")
 	}
 	if filepath.Dir(filepath.Clean(dir)) != filepath.Dir(m.snap.parent) {
 		return nil, fmt.Errorf("incremental snapshot: %s must be beside its parent %s", dir, m.snap.parent)
 	}
-	p, err := checkpoint.Open(m.snap.parent)
+	p, err := snapshot.Open(m.snap.parent)
 	if err != nil {
 		return nil, fmt.Errorf("incremental snapshot: parent: %w", err)
 	}
 	base := filepath.Base(m.snap.parent)
-	var out []checkpoint.MemoryLayer
+	var out []snapshot.MemoryLayer
 	for _, l := range p.Manifest.Memory {
-		out = append(out, checkpoint.MemoryLayer{File: siblingPath(base, l.File), Size: l.Size, Bitmap: siblingPath(base, l.Bitmap)})
+		out = append(out, snapshot.MemoryLayer{File: siblingPath(base, l.File), Size: l.Size, Bitmap: siblingPath(base, l.Bitmap)})
 	}
 	if len(out) >= 4000 {
 		return nil, fmt.Errorf("incremental snapshot: chain of %d layers is too long (take a full snapshot)", len(out))
@@ -104,8 +104,8 @@ func siblingPath(base, name string) string {
 }
 
 // writeDiffLayer writes the diff memory layer and its bitmap.
-func writeDiffLayer(w *checkpoint.Writer, mem *os.File, regions [][]byte, dirty []uint64) (int64, error) {
-	n, err := checkpoint.WriteDiff(mem, regions, dirty)
+func writeDiffLayer(w *snapshot.Writer, mem *os.File, regions [][]byte, dirty []uint64) (int64, error) {
+	n, err := snapshot.WriteDiff(mem, regions, dirty)
 	if err != nil {
 		return n, err
 	}
@@ -114,7 +114,7 @@ func writeDiffLayer(w *checkpoint.Writer, mem *os.File, regions [][]byte, dirty 
 		return n, err
 	}
 	defer bf.Close()
-	if _, err := bf.Write(checkpoint.EncodeBitmap(dirty)); err != nil {
+	if _, err := bf.Write(snapshot.EncodeBitmap(dirty)); err != nil {
 		return n, fmt.Errorf("write bitmap: %w", err)
 	}
 	return n, nil

@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/cube-runtime/cube/checkpoint"
+	"github.com/cube-runtime/cube/hypervisor/snapshot"
 )
 
 // Where the sweep guest writes: one store into each page of
@@ -56,8 +56,8 @@ func firstDiff(got, want []byte) string {
 	}
 	n := 0
 	first := -1
-	for p := 0; p < len(got); p += checkpoint.PageSize {
-		if !bytes.Equal(got[p:p+checkpoint.PageSize], want[p:p+checkpoint.PageSize]) {
+	for p := 0; p < len(got); p += snapshot.PageSize {
+		if !bytes.Equal(got[p:p+snapshot.PageSize], want[p:p+snapshot.PageSize]) {
 			if first < 0 {
 				first = p
 			}
@@ -73,7 +73,7 @@ func firstDiff(got, want []byte) string {
 // readMemoryFile reads a full snapshot's memory file, holes as zeros.
 func readMemoryFile(t *testing.T, dir string) []byte {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(dir, checkpoint.MemoryName))
+	b, err := os.ReadFile(filepath.Join(dir, snapshot.MemoryName))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +137,7 @@ func TestPrecopySnapshot(t *testing.T) {
 	waitCounter(t, m, frozenSweeps+1) // it runs on
 	m.Stop()
 
-	snap, err := checkpoint.Open(dir)
+	snap, err := snapshot.Open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +222,7 @@ func TestPrecopyKeepsParent(t *testing.T) {
 	}
 	m.Stop()
 
-	snap, err := checkpoint.Open(inc)
+	snap, err := snapshot.Open(inc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,9 +12,9 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
-	"github.com/cube-runtime/cube/checkpoint"
 	"github.com/cube-runtime/cube/hypervisor/kvm"
 	"github.com/cube-runtime/cube/hypervisor/memory"
+	"github.com/cube-runtime/cube/hypervisor/snapshot"
 	"github.com/cube-runtime/cube/hypervisor/vcpu"
 	"github.com/cube-runtime/cube/hypervisor/virtio/blk"
 )
@@ -25,7 +25,7 @@ type memLayers struct {
 	bitmaps [][]uint64 // nil for the base layer
 }
 
-func openLayers(snap *checkpoint.Snapshot) (*memLayers, error) {
+func openLayers(snap *snapshot.Snapshot) (*memLayers, error) {
 	l := &memLayers{}
 	for i, ml := range snap.Manifest.Memory {
 		f, err := os.Open(filepath.Join(snap.Dir, ml.File))
@@ -37,11 +37,11 @@ func openLayers(snap *checkpoint.Snapshot) (*memLayers, error) {
 		var bm []uint64
 		if ml.Bitmap != "" {
 			b, err := os.ReadFile(filepath.Join(snap.Dir, ml.Bitmap))
-			if err == nil && int64(len(b)) != checkpoint.BitmapBytes(ml.Size) {
-				err = fmt.Errorf("bitmap of %d bytes: %w", len(b), checkpoint.ErrTruncated)
+			if err == nil && int64(len(b)) != snapshot.BitmapBytes(ml.Size) {
+				err = fmt.Errorf("bitmap of %d bytes: %w", len(b), snapshot.ErrTruncated)
 			}
 			if err == nil {
-				bm, err = checkpoint.DecodeBitmap(b)
+				bm, err = snapshot.DecodeBitmap(b)
 			}
 			if err != nil {
 				l.close()
@@ -71,7 +71,7 @@ func (l *memLayers) mapRegion(host uintptr, size, fileOff int64) ([]int64, error
 	bounds := []int64{0, size}
 	first, last := fileOff/memory.PageSize, (fileOff+size)/memory.PageSize
 	for i := 1; i < len(l.files); i++ {
-		for _, r := range checkpoint.Runs(l.bitmaps[i], last) {
+		for _, r := range snapshot.Runs(l.bitmaps[i], last) {
 			s, e := max(r[0], first), min(r[1], last)
 			if s >= e {
 				continue
@@ -117,13 +117,13 @@ func mremapFixed(from, to uintptr, n int64) error {
 // state loaded. attach must add the same virtio devices, in the same
 // order, as the snapshotted VM had (disks on working copies of the
 // snapshot's disk copies). Start the result with StartRestored.
-func Restore(snap *checkpoint.Snapshot, cfg Config, attach func(*Machine) error) (m *Machine, err error) {
+func Restore(snap *snapshot.Snapshot, cfg Config, attach func(*Machine) error) (m *Machine, err error) {
 	t0 := time.Now()
 	man := snap.Manifest
 	cfg.MemoryMiB, cfg.VCPUs = man.Shape.MemoryMiB, man.Shape.VCPUs
 	cfg.Defaults()
 	if cfg.MemoryMiB < 64 || cfg.VCPUs < 1 || cfg.VCPUs > 254 {
-		return nil, fmt.Errorf("restore: shape %d MiB, %d vCPUs: %w", cfg.MemoryMiB, cfg.VCPUs, checkpoint.ErrCorrupt)
+		return nil, fmt.Errorf("restore: shape %d MiB, %d vCPUs: %w", cfg.MemoryMiB, cfg.VCPUs, snapshot.ErrCorrupt)
 	}
 	m = &Machine{cfg: cfg, log: cfg.Log, done: make(chan struct{}), steps: NewSteps(t0)}
 	defer func() {
@@ -294,7 +294,7 @@ const (
 // temporary names); during the freeze window the old memory is moved aside
 // rather than dropped and the old state kept, so a failure puts the VM
 // back as it was. Components are the caller's to check.
-func (m *Machine) Rollback(snap *checkpoint.Snapshot) (st RollbackStats, err error) {
+func (m *Machine) Rollback(snap *snapshot.Snapshot) (st RollbackStats, err error) {
 	// Not during a snapshot's pre-copy: it reads the memory swapMemory
 	// moves, and relies on the dirty record this clears.
 	m.snapMu.Lock()
@@ -329,7 +329,7 @@ func (m *Machine) Rollback(snap *checkpoint.Snapshot) (st RollbackStats, err err
 	for i, d := range m.disks() {
 		if p, md := d.Path(), man.Shape.Disks[i]; p != d.OpenedPath() && p != md.Source {
 			return st, fmt.Errorf("disk %d (serial %q) was re-pointed at %s, the snapshot had %s; point it back first: %w",
-				i, d.Serial(), p, md.Source, checkpoint.ErrMismatch)
+				i, d.Serial(), p, md.Source, snapshot.ErrMismatch)
 		}
 	}
 	// Disk copies under temporary names beside the live disks.
@@ -351,7 +351,7 @@ func (m *Machine) Rollback(snap *checkpoint.Snapshot) (st RollbackStats, err err
 		if md.ReadOnly {
 			continue
 		}
-		tmp, _, err := checkpoint.PrepareClone(d.Path(), snap.Path(md.File))
+		tmp, _, err := snapshot.PrepareClone(d.Path(), snap.Path(md.File))
 		if err != nil {
 			return st, fmt.Errorf("disk %d: %w", i, err)
 		}
@@ -379,12 +379,12 @@ func (m *Machine) Rollback(snap *checkpoint.Snapshot) (st RollbackStats, err err
 			return st, err
 		}
 		if !sameCPUID(cur, s.VCPUs[i].CPUID) {
-			return st, fmt.Errorf("vcpu %d: snapshot CPUID differs from this VM's: %w", i, checkpoint.ErrMismatch)
+			return st, fmt.Errorf("vcpu %d: snapshot CPUID differs from this VM's: %w", i, snapshot.ErrMismatch)
 		}
 	}
 	for _, d := range swaps {
 		if p := d.dev.Path(); p != d.path {
-			return st, fmt.Errorf("disk %q was re-pointed at %s during the rollback: %w", d.dev.Serial(), p, checkpoint.ErrMismatch)
+			return st, fmt.Errorf("disk %q was re-pointed at %s during the rollback: %w", d.dev.Serial(), p, snapshot.ErrMismatch)
 		}
 	}
 	undo, err := m.captureState()
@@ -521,7 +521,7 @@ func unmapRaw(addr uintptr, n int64) {
 // isParent reports whether snap is the snapshot the VM's memory last equalled
 // with the dirty record complete since: same path and same state payload (a
 // snapshot deleted and another written at its path is not the parent).
-func (m *Machine) isParent(snap *checkpoint.Snapshot) bool {
+func (m *Machine) isParent(snap *snapshot.Snapshot) bool {
 	abs, err := filepath.Abs(snap.Dir)
 	return err == nil && m.snap.logging && m.snap.parent != "" && abs == m.snap.parent &&
 		sha256.Sum256(snap.State) == m.snap.parentState
@@ -580,7 +580,7 @@ func (m *Machine) rewriteDirtyLocked(l *memLayers, n *int64) (undo func(), err e
 			old = append(old, saved{r: r, off: off, data: append([]byte(nil), dst...)})
 			if k, err := l.files[layer].ReadAt(dst, fileOff+off); err != nil || int64(k) != size {
 				return fmt.Errorf("memory layer %d: read %d bytes at %#x: got %d: %v: %w",
-					layer, size, fileOff+off, k, err, checkpoint.ErrTruncated)
+					layer, size, fileOff+off, k, err, snapshot.ErrTruncated)
 			}
 			*n += q - p
 			p = q
@@ -624,7 +624,7 @@ func (m *Machine) forDirtyRuns(dirty []uint64, f func(r *memory.Region, fileOff,
 	for _, r := range m.mem.Regions() {
 		// Regions are whole MiB: each one's bits fill whole words.
 		first, pages := fileOff/memory.PageSize, int64(r.Size)/memory.PageSize
-		for _, run := range checkpoint.Runs(dirty[first/64:(first+pages)/64], pages) {
+		for _, run := range snapshot.Runs(dirty[first/64:(first+pages)/64], pages) {
 			if err := f(r, fileOff, run[0], run[1]); err != nil {
 				return err
 			}

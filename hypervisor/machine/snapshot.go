@@ -9,10 +9,10 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/cube-runtime/cube/checkpoint"
 	"github.com/cube-runtime/cube/hypervisor/devices/serial"
 	"github.com/cube-runtime/cube/hypervisor/kvm"
 	"github.com/cube-runtime/cube/hypervisor/memory"
+	"github.com/cube-runtime/cube/hypervisor/snapshot"
 	"github.com/cube-runtime/cube/hypervisor/virtio"
 	"github.com/cube-runtime/cube/hypervisor/virtio/blk"
 	"github.com/cube-runtime/cube/hypervisor/virtio/rng"
@@ -118,8 +118,8 @@ func kindOf(d virtio.Device) string {
 }
 
 // Shape is the VM's shape as a snapshot records it.
-func (m *Machine) Shape() (checkpoint.Shape, error) {
-	s := checkpoint.Shape{VCPUs: m.cfg.VCPUs, MemoryMiB: m.cfg.MemoryMiB}
+func (m *Machine) Shape() (snapshot.Shape, error) {
+	s := snapshot.Shape{VCPUs: m.cfg.VCPUs, MemoryMiB: m.cfg.MemoryMiB}
 	for _, v := range m.virtio {
 		d, ok := v.dev.(*blk.Device)
 		if !ok {
@@ -129,7 +129,7 @@ func (m *Machine) Shape() (checkpoint.Shape, error) {
 		if err != nil {
 			return s, fmt.Errorf("disk %s: %w", d.Path(), err)
 		}
-		s.Disks = append(s.Disks, checkpoint.Disk{Serial: d.Serial(), ReadOnly: d.ReadOnly(), Size: fi.Size(), Source: d.Path()})
+		s.Disks = append(s.Disks, snapshot.Disk{Serial: d.Serial(), ReadOnly: d.ReadOnly(), Size: fi.Size(), Source: d.Path()})
 	}
 	return s, nil
 }
@@ -146,7 +146,7 @@ func (m *Machine) disks() []*blk.Device {
 
 // SnapshotOptions are what the machine cannot know itself.
 type SnapshotOptions struct {
-	Components checkpoint.Components
+	Components snapshot.Components
 	Config     json.RawMessage // the VMM's configuration, for restore
 	// Incremental writes only the pages dirtied since the parent (the last
 	// snapshot, rollback or restore); dir must be beside the parent.
@@ -178,7 +178,7 @@ func (m *Machine) Snapshot(dir string, opt SnapshotOptions) (st SnapshotStats, e
 	if err != nil {
 		return st, fmt.Errorf("snapshot: %w", err)
 	}
-	var parentLayers []checkpoint.MemoryLayer
+	var parentLayers []snapshot.MemoryLayer
 	if opt.Incremental {
 		m.ctl.Lock()
 		parentLayers, err = m.parentLayers(dir)
@@ -193,12 +193,12 @@ func (m *Machine) Snapshot(dir string, opt SnapshotOptions) (st SnapshotStats, e
 			need += d.Size
 		}
 	}
-	w, err := checkpoint.Create(dir, need)
+	w, err := snapshot.Create(dir, need)
 	if err != nil {
 		return st, err
 	}
 	defer w.Abort()
-	memFile, err := w.CreateFile(checkpoint.MemoryName)
+	memFile, err := w.CreateFile(snapshot.MemoryName)
 	if err != nil {
 		return st, err
 	}
@@ -259,7 +259,7 @@ func (m *Machine) Snapshot(dir string, opt SnapshotOptions) (st SnapshotStats, e
 			if err != nil {
 				return nil, err
 			}
-			n, err := checkpoint.RewritePages(memFile, regions, dirty)
+			n, err := snapshot.RewritePages(memFile, regions, dirty)
 			st.MemoryBytes += n
 			st.RecopiedBytes = n
 			if err != nil {
@@ -307,12 +307,12 @@ func (m *Machine) Snapshot(dir string, opt SnapshotOptions) (st SnapshotStats, e
 	if err != nil {
 		return st, fmt.Errorf("snapshot: %w", err)
 	}
-	man := &checkpoint.Manifest{
+	man := &snapshot.Manifest{
 		Shape: shape, Components: opt.Components, Config: opt.Config,
-		Memory: []checkpoint.MemoryLayer{{File: checkpoint.MemoryName, Size: int64(m.mem.Size())}},
+		Memory: []snapshot.MemoryLayer{{File: snapshot.MemoryName, Size: int64(m.mem.Size())}},
 	}
 	if opt.Incremental {
-		man.Memory = append(parentLayers, checkpoint.MemoryLayer{File: checkpoint.MemoryName, Size: int64(m.mem.Size()), Bitmap: BitmapName})
+		man.Memory = append(parentLayers, snapshot.MemoryLayer{File: snapshot.MemoryName, Size: int64(m.mem.Size()), Bitmap: BitmapName})
 	}
 	if err := w.Commit(man, payload); err != nil {
 		return st, err
@@ -339,13 +339,13 @@ func (m *Machine) writeFull(f *os.File, regions [][]byte, fileBacked bool) (int6
 			p, err := memory.PopulatedPages(r)
 			if err != nil {
 				m.log.WithError(err).Warn("snapshot: scanning all guest memory")
-				return checkpoint.WriteFull(f, regions)
+				return snapshot.WriteFull(f, regions)
 			}
 			pop = append(pop, p...)
 		}
-		return checkpoint.WriteDiff(f, regions, pop)
+		return snapshot.WriteDiff(f, regions, pop)
 	}
-	return checkpoint.WriteFull(f, regions)
+	return snapshot.WriteFull(f, regions)
 }
 
 // precopy writes all guest memory into f (as writeFull: the same pages)
@@ -712,10 +712,10 @@ func (m *Machine) decodeState(payload []byte) (*VMState, error) {
 func parseState(payload []byte) (*VMState, error) {
 	var s VMState
 	if err := json.Unmarshal(payload, &s); err != nil {
-		return nil, fmt.Errorf("state: %v: %w", err, checkpoint.ErrCorrupt)
+		return nil, fmt.Errorf("state: %v: %w", err, snapshot.ErrCorrupt)
 	}
 	if s.Version != StateVersion {
-		return nil, fmt.Errorf("machine state version %d, this build reads %d: %w", s.Version, StateVersion, checkpoint.ErrVersion)
+		return nil, fmt.Errorf("machine state version %d, this build reads %d: %w", s.Version, StateVersion, snapshot.ErrVersion)
 	}
 	return &s, nil
 }
@@ -724,33 +724,33 @@ func parseState(payload []byte) (*VMState, error) {
 // devices.
 func (m *Machine) checkState(s *VMState) error {
 	if len(s.VCPUs) != len(m.cpus) {
-		return fmt.Errorf("state has %d vCPUs, VM has %d: %w", len(s.VCPUs), len(m.cpus), checkpoint.ErrMismatch)
+		return fmt.Errorf("state has %d vCPUs, VM has %d: %w", len(s.VCPUs), len(m.cpus), snapshot.ErrMismatch)
 	}
 	for i, v := range s.VCPUs {
 		if v.ID != m.cpus[i].CPU.ID() {
-			return fmt.Errorf("state vCPU %d has id %d: %w", i, v.ID, checkpoint.ErrCorrupt)
+			return fmt.Errorf("state vCPU %d has id %d: %w", i, v.ID, snapshot.ErrCorrupt)
 		}
 		if len(v.XSave) < 1024 || len(v.XSave) > 1<<18 {
-			return fmt.Errorf("vcpu %d: xsave of %d words: %w", i, len(v.XSave), checkpoint.ErrCorrupt)
+			return fmt.Errorf("vcpu %d: xsave of %d words: %w", i, len(v.XSave), snapshot.ErrCorrupt)
 		}
 		if len(v.CPUID) == 0 || len(v.CPUID) > kvm.MaxCPUIDEntries || len(v.MSRs) > 4096 {
-			return fmt.Errorf("vcpu %d: %d cpuid entries, %d msrs: %w", i, len(v.CPUID), len(v.MSRs), checkpoint.ErrCorrupt)
+			return fmt.Errorf("vcpu %d: %d cpuid entries, %d msrs: %w", i, len(v.CPUID), len(v.MSRs), snapshot.ErrCorrupt)
 		}
 	}
 	if len(s.Devices) != len(m.virtio) {
-		return fmt.Errorf("state has %d virtio devices, VM has %d: %w", len(s.Devices), len(m.virtio), checkpoint.ErrMismatch)
+		return fmt.Errorf("state has %d virtio devices, VM has %d: %w", len(s.Devices), len(m.virtio), snapshot.ErrMismatch)
 	}
 	for i, v := range m.virtio {
 		ds := s.Devices[i]
 		if k := kindOf(v.dev); ds.Kind != k {
-			return fmt.Errorf("device %d: state is %s, VM has %s: %w", i, ds.Kind, k, checkpoint.ErrMismatch)
+			return fmt.Errorf("device %d: state is %s, VM has %s: %w", i, ds.Kind, k, snapshot.ErrMismatch)
 		}
 		if (ds.Kind == "blk" && ds.Blk == nil) || (ds.Kind == "vsock" && ds.Vsock == nil) || (ds.Kind == "rng" && ds.RNG == nil) {
-			return fmt.Errorf("device %d: no %s state: %w", i, ds.Kind, checkpoint.ErrCorrupt)
+			return fmt.Errorf("device %d: no %s state: %w", i, ds.Kind, snapshot.ErrCorrupt)
 		}
 	}
 	if len(s.Serial.Input) > 1<<20 {
-		return fmt.Errorf("serial input of %d bytes: %w", len(s.Serial.Input), checkpoint.ErrCorrupt)
+		return fmt.Errorf("serial input of %d bytes: %w", len(s.Serial.Input), snapshot.ErrCorrupt)
 	}
 	return nil
 }

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cube-runtime/cube/checkpoint"
 	"github.com/cube-runtime/cube/hypervisor/kvmtest"
+	"github.com/cube-runtime/cube/hypervisor/snapshot"
 )
 
 // counterAddr is where the counter guest stores its count.
@@ -69,7 +69,7 @@ func TestSnapshotRollbackRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(t.TempDir(), "snap")
-	st, err := m.Snapshot(dir, SnapshotOptions{Components: checkpoint.Components{KernelSHA256: "k", VMMVersion: "test"}})
+	st, err := m.Snapshot(dir, SnapshotOptions{Components: snapshot.Components{KernelSHA256: "k", VMMVersion: "test"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,11 +77,11 @@ func TestSnapshotRollbackRestore(t *testing.T) {
 	if m.State() != Paused {
 		t.Fatalf("snapshot of a paused VM left it %v", m.State())
 	}
-	snap, err := checkpoint.Open(dir)
+	snap, err := snapshot.Open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	mem, err := os.ReadFile(snap.Path(checkpoint.MemoryName))
+	mem, err := os.ReadFile(snap.Path(snapshot.MemoryName))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +169,7 @@ func TestSnapshotRollbackRestore(t *testing.T) {
 		t.Errorf("after a rollback RestoreSteps() = %q, was %q", got, steps)
 	}
 	r.Stop()
-	if mem2, _ := os.ReadFile(snap.Path(checkpoint.MemoryName)); !bytes.Equal(mem, mem2) {
+	if mem2, _ := os.ReadFile(snap.Path(snapshot.MemoryName)); !bytes.Equal(mem, mem2) {
 		t.Error("the snapshot's memory file changed while mapped")
 	}
 }
@@ -190,12 +190,12 @@ func TestRollbackRefusalLeavesVMRunning(t *testing.T) {
 		t.Fatal(err)
 	}
 	other.Stop()
-	osnap, err := checkpoint.Open(odir)
+	osnap, err := snapshot.Open(odir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, err = m.Rollback(osnap)
-	if !errors.Is(err, checkpoint.ErrMismatch) {
+	if !errors.Is(err, snapshot.ErrMismatch) {
 		t.Fatalf("rollback to a 2-vCPU snapshot: %v, want a mismatch", err)
 	}
 	t.Log(err)
@@ -207,12 +207,12 @@ func TestRollbackRefusalLeavesVMRunning(t *testing.T) {
 
 	// A corrupt state file is refused by Open already; a state that decodes
 	// but lies about devices is refused by Rollback before the VM is touched.
-	snap, err := checkpoint.Open(dir)
+	snap, err := snapshot.Open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	snap.State = []byte(`{"Version":1,"VCPUs":[]}`)
-	if _, err := m.Rollback(snap); !errors.Is(err, checkpoint.ErrMismatch) {
+	if _, err := m.Rollback(snap); !errors.Is(err, snapshot.ErrMismatch) {
 		t.Fatalf("rollback with a bad state: %v", err)
 	}
 	c = counter(t, m)
@@ -237,7 +237,7 @@ func BenchmarkRollback(b *testing.B) {
 	if _, err := m.Snapshot(dir, SnapshotOptions{}); err != nil {
 		b.Fatal(err)
 	}
-	snap, err := checkpoint.Open(dir)
+	snap, err := snapshot.Open(dir)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -256,7 +256,7 @@ func BenchmarkRestore(b *testing.B) {
 	}
 	m.Stop()
 	for b.Loop() {
-		snap, err := checkpoint.Open(dir)
+		snap, err := snapshot.Open(dir)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -324,7 +324,7 @@ func TestIncremental(t *testing.T) {
 	if _, err := m.Snapshot(d2, SnapshotOptions{Incremental: true}); err != nil {
 		t.Fatal(err)
 	}
-	snap2, err := checkpoint.Open(d2)
+	snap2, err := snapshot.Open(d2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -354,7 +354,7 @@ func TestIncremental(t *testing.T) {
 	waitCounter(t, r, c3)
 	// Rollback to d1, then an incremental snapshot on top of it.
 	r.Pause()
-	snap1, err := checkpoint.Open(d1)
+	snap1, err := snapshot.Open(d1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -373,7 +373,7 @@ func TestIncremental(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.Stop()
-	snap3, _ := checkpoint.Open(d3)
+	snap3, _ := snapshot.Open(d3)
 	r2, err := Restore(snap3, Config{}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -426,7 +426,7 @@ func BenchmarkRestoreSize(b *testing.B) {
 			}
 			m.Stop()
 			for b.Loop() {
-				snap, err := checkpoint.Open(dir)
+				snap, err := snapshot.Open(dir)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -493,19 +493,19 @@ func TestRollbackMemoryPaths(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	snapshot := func(name string, incremental bool) (*checkpoint.Snapshot, []byte) {
+	take := func(name string, incremental bool) (*snapshot.Snapshot, []byte) {
 		t.Helper()
 		dir := filepath.Join(base, name)
 		if _, err := m.Snapshot(dir, SnapshotOptions{Incremental: incremental}); err != nil {
 			t.Fatal(err)
 		}
-		s, err := checkpoint.Open(dir)
+		s, err := snapshot.Open(dir)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return s, ramCopy(m)
 	}
-	rollback := func(s *checkpoint.Snapshot, want []byte, mode string) RollbackStats {
+	rollback := func(s *snapshot.Snapshot, want []byte, mode string) RollbackStats {
 		t.Helper()
 		st, err := m.Rollback(s)
 		if err != nil {
@@ -524,19 +524,19 @@ func TestRollbackMemoryPaths(t *testing.T) {
 	}
 
 	m.Pause()
-	a, memA := snapshot("a", false)
+	a, memA := take("a", false)
 	run()
 	vmmWrite(1)
 	if st := rollback(a, memA, RollbackRewrite); st.Pages < 3 || st.Pages > 64 {
 		t.Fatalf("rewrite of the parent rewrote %d pages; want the few the guest and the VMM wrote", st.Pages)
 	}
 	run()
-	b, memB := snapshot("b", false) // now the parent
+	b, memB := take("b", false) // now the parent
 	run()
 	rollback(a, memA, RollbackRemap)
 	run()
 	vmmWrite(2)
-	c, memC := snapshot("c", true) // a diff layer over a
+	c, memC := take("c", true) // a diff layer over a
 	run()
 	vmmWrite(3)
 	rollback(c, memC, RollbackRewrite)
@@ -551,26 +551,26 @@ func TestRollbackMemoryPaths(t *testing.T) {
 	// fails, the memory is as before the call, and the dirty record is whole
 	// (an incremental snapshot over the parent still restores the VM's memory).
 	run()
-	d, _ := snapshot("d", true)
+	d, _ := take("d", true)
 	run()
 	before := ramCopy(m)
-	layer, err := os.ReadFile(d.Path(checkpoint.MemoryName))
+	layer, err := os.ReadFile(d.Path(snapshot.MemoryName))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Truncate(d.Path(checkpoint.MemoryName), 0); err != nil {
+	if err := os.Truncate(d.Path(snapshot.MemoryName), 0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Rollback(d); !errors.Is(err, checkpoint.ErrTruncated) {
+	if _, err := m.Rollback(d); !errors.Is(err, snapshot.ErrTruncated) {
 		t.Fatalf("rollback to a truncated parent: %v, want ErrTruncated", err)
 	}
 	if !bytes.Equal(ramCopy(m), before) {
 		t.Fatal("a failed rewrite changed guest memory")
 	}
-	if err := os.WriteFile(d.Path(checkpoint.MemoryName), layer, 0o644); err != nil {
+	if err := os.WriteFile(d.Path(snapshot.MemoryName), layer, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	e, memE := snapshot("e", true)
+	e, memE := take("e", true)
 	if !bytes.Equal(memE, before) {
 		t.Fatal("memory changed between the failed rollback and the snapshot")
 	}

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cube-runtime/cube/checkpoint"
+	"github.com/cube-runtime/cube/hypervisor/snapshot"
 )
 
 // TestDiskSetOp drives cube-vmm's disk-set control op: a drive slot is
@@ -64,7 +64,7 @@ func TestDiskSetOp(t *testing.T) {
 		t.Fatal(err)
 	}
 	v.stop(t)
-	s, err := checkpoint.Open(snap)
+	s, err := snapshot.Open(snap)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,9 +15,9 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/cube-runtime/cube/checkpoint"
 	"github.com/cube-runtime/cube/hypervisor/control"
 	"github.com/cube-runtime/cube/hypervisor/machine"
+	"github.com/cube-runtime/cube/hypervisor/snapshot"
 )
 
 const restoreUsage = `Usage: cube-vmm restore [flags] SNAPSHOT-DIR
@@ -55,7 +55,7 @@ type usageError struct{ error }
 type restored struct {
 	m       *machine.Machine
 	cfg     Config
-	comps   checkpoint.Components
+	comps   snapshot.Components
 	dir     string
 	closers []func()
 	// steps times the restore (steps_ms on the "restored and running" line).
@@ -73,7 +73,7 @@ func (r *restored) close() {
 // target is what the control socket controls for the restored VM (its
 // snapshots record the restored snapshot's components).
 func (r *restored) target() *snapTarget {
-	return newTarget(r.m, r.cfg, func() (checkpoint.Components, error) { return r.comps, nil })
+	return newTarget(r.m, r.cfg, func() (snapshot.Components, error) { return r.comps, nil })
 }
 
 // prepareVM makes a standby's KVM VM on the -kvm device.
@@ -93,7 +93,7 @@ func restoreVM(dir string, f restoreFlags, prepared *machine.PreparedVM, stdout 
 			}
 		}
 	}()
-	snap, err := checkpoint.Open(dir)
+	snap, err := snapshot.Open(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -157,7 +157,7 @@ func restoreVM(dir string, f restoreFlags, prepared *machine.PreparedVM, stdout 
 		if f.diskDir != "" {
 			d.Path = filepath.Join(f.diskDir, filepath.Base(d.Path))
 		}
-		if _, err := checkpoint.CloneFile(d.Path, snap.Path(md.File)); err != nil {
+		if _, err := snapshot.CloneFile(d.Path, snap.Path(md.File)); err != nil {
 			return nil, fmt.Errorf("disk %d: %v", i, err)
 		}
 		made = append(made, d.Path)

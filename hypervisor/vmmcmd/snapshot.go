@@ -10,9 +10,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cube-runtime/cube/checkpoint"
 	"github.com/cube-runtime/cube/hypervisor/control"
 	"github.com/cube-runtime/cube/hypervisor/machine"
+	"github.com/cube-runtime/cube/hypervisor/snapshot"
 )
 
 // Version identifies this VMM in snapshot manifests; a snapshot is
@@ -23,10 +23,10 @@ const Version = "cube-vmm/1 state/1"
 // components hashes the kernel and initrd in the background (a snapshot
 // records them; under TCG hashing tens of MiB takes a while) and returns a
 // function that waits for the result.
-func components(cfg *Config) func() (checkpoint.Components, error) {
+func components(cfg *Config) func() (snapshot.Components, error) {
 	var (
 		once sync.Once
-		c    = checkpoint.Components{VMMVersion: Version}
+		c    = snapshot.Components{VMMVersion: Version}
 		err  error
 		done = make(chan struct{})
 	)
@@ -40,7 +40,7 @@ func components(cfg *Config) func() (checkpoint.Components, error) {
 			c.InitrdSHA256, err = sha256File(initrd)
 		}
 	})
-	return func() (checkpoint.Components, error) {
+	return func() (snapshot.Components, error) {
 		<-done
 		return c, err
 	}
@@ -63,7 +63,7 @@ func sha256File(p string) (string, error) {
 // target.
 type snapTarget struct {
 	target
-	comps func() (checkpoint.Components, error)
+	comps func() (snapshot.Components, error)
 	// mu serializes disk-set with snapshot and rollback, and guards cfg:
 	// its disk paths follow disk-set, so a snapshot's configuration (what
 	// restore attaches) names the files the drives have now.
@@ -71,7 +71,7 @@ type snapTarget struct {
 	cfg Config
 }
 
-func newTarget(m *machine.Machine, cfg Config, comps func() (checkpoint.Components, error)) *snapTarget {
+func newTarget(m *machine.Machine, cfg Config, comps func() (snapshot.Components, error)) *snapTarget {
 	cfg.Disks = append([]Disk(nil), cfg.Disks...)
 	return &snapTarget{target: target{m}, cfg: cfg, comps: comps}
 }
@@ -117,7 +117,7 @@ func (t *snapTarget) Snapshot(dir string, incremental bool) (*control.SnapshotRe
 func (t *snapTarget) Rollback(dir string) (*control.RollbackResult, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	snap, err := checkpoint.Open(dir)
+	snap, err := snapshot.Open(dir)
 	if err != nil {
 		return nil, fmt.Errorf("rollback: %w", err)
 	}

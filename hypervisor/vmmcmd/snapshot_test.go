@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cube-runtime/cube/checkpoint"
 	"github.com/cube-runtime/cube/hypervisor/control"
+	"github.com/cube-runtime/cube/hypervisor/snapshot"
 )
 
 // counterCode counts in RAX and stores it at 0x3000000 forever.
@@ -24,7 +24,7 @@ const counterAddr = 0x3000000
 
 func snapCounter(t *testing.T, dir string) uint64 {
 	t.Helper()
-	f, err := os.Open(filepath.Join(dir, checkpoint.MemoryName))
+	f, err := os.Open(filepath.Join(dir, snapshot.MemoryName))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,8 +19,8 @@ import (
 
 	"github.com/containerd/console"
 
-	"github.com/cube-runtime/cube/checkpoint"
 	"github.com/cube-runtime/cube/guest-agent/protocol"
+	"github.com/cube-runtime/cube/hypervisor/snapshot"
 	"github.com/cube-runtime/cube/integration/vmmrun"
 )
 
@@ -407,7 +407,7 @@ func TestCtrTasks(t *testing.T) {
 			t.Fatalf("ctr task checkpoint --image-path: rc %d %v\n%s", rc, err, out)
 		}
 		snapDir := filepath.Join(img, "vm")
-		snap, err := checkpoint.Open(snapDir)
+		snap, err := snapshot.Open(snapDir)
 		if err != nil {
 			t.Fatalf("the checkpoint is not a valid VM snapshot: %v", err)
 		}
@@ -462,7 +462,7 @@ func TestCtrTasks(t *testing.T) {
 		if out, rc, err := d.ctr("task", "checkpoint", "--exit", "--image-path", img2, id); err != nil || rc != 0 {
 			t.Fatalf("ctr task checkpoint --exit: rc %d %v\n%s", rc, err, out)
 		}
-		if _, err := checkpoint.Open(filepath.Join(img2, "vm")); err != nil {
+		if _, err := snapshot.Open(filepath.Join(img2, "vm")); err != nil {
 			t.Errorf("checkpoint --exit: %v", err)
 		}
 		d.waitStatus(t, id, "STOPPED", time.Minute)
