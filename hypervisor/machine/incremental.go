@@ -2,7 +2,6 @@ package machine
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 
 	"github.com/cube-runtime/cube/hypervisor/kvm"
@@ -16,9 +15,6 @@ import (
 // parent's layers. Its parent is the snapshot the VM's memory was last
 // made equal to; when that is unknown (a failed snapshot consumed the
 // dirty record), only a full snapshot is allowed.
-
-// BitmapName is a diff layer's page bitmap.
-const BitmapName = "memory.bitmap"
 
 // enableDirtyLogLocked turns on KVM dirty logging on every RAM slot.
 func (m *Machine) enableDirtyLogLocked() error {
@@ -84,38 +80,9 @@ func (m *Machine) parentLayers(dir string) ([]snapshot.MemoryLayer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("incremental snapshot: parent: %w", err)
 	}
-	base := filepath.Base(m.snap.parent)
-	var out []snapshot.MemoryLayer
-	for _, l := range p.Manifest.Memory {
-		out = append(out, snapshot.MemoryLayer{File: siblingPath(base, l.File), Size: l.Size, Bitmap: siblingPath(base, l.Bitmap)})
-	}
-	if len(out) >= 4000 {
-		return nil, fmt.Errorf("incremental snapshot: chain of %d layers is too long (take a full snapshot)", len(out))
+	out, err := p.ChildLayers()
+	if err != nil {
+		return nil, fmt.Errorf("incremental snapshot: %w", err)
 	}
 	return out, nil
-}
-
-// siblingPath rewrites a layer file name of snapshot base for a sibling.
-func siblingPath(base, name string) string {
-	if name == "" || filepath.Base(name) != name {
-		return name // already ../other/name, or empty
-	}
-	return "../" + base + "/" + name
-}
-
-// writeDiffLayer writes the diff memory layer and its bitmap.
-func writeDiffLayer(w *snapshot.Writer, mem *os.File, regions [][]byte, dirty []uint64) (int64, error) {
-	n, err := snapshot.WriteDiff(mem, regions, dirty)
-	if err != nil {
-		return n, err
-	}
-	bf, err := w.CreateFile(BitmapName)
-	if err != nil {
-		return n, err
-	}
-	defer bf.Close()
-	if _, err := bf.Write(snapshot.EncodeBitmap(dirty)); err != nil {
-		return n, fmt.Errorf("write bitmap: %w", err)
-	}
-	return n, nil
 }

@@ -34,19 +34,10 @@ func openLayers(snap *snapshot.Snapshot) (*memLayers, error) {
 			return nil, fmt.Errorf("memory layer %d: %w", i, err)
 		}
 		l.files = append(l.files, f)
-		var bm []uint64
-		if ml.Bitmap != "" {
-			b, err := os.ReadFile(filepath.Join(snap.Dir, ml.Bitmap))
-			if err == nil && int64(len(b)) != snapshot.BitmapBytes(ml.Size) {
-				err = fmt.Errorf("bitmap of %d bytes: %w", len(b), snapshot.ErrTruncated)
-			}
-			if err == nil {
-				bm, err = snapshot.DecodeBitmap(b)
-			}
-			if err != nil {
-				l.close()
-				return nil, fmt.Errorf("memory layer %d: %w", i, err)
-			}
+		bm, err := snap.Bitmap(i)
+		if err != nil {
+			l.close()
+			return nil, fmt.Errorf("memory layer %d: %w", i, err)
 		}
 		l.bitmaps = append(l.bitmaps, bm)
 	}

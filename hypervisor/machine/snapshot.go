@@ -274,7 +274,7 @@ func (m *Machine) Snapshot(dir string, opt SnapshotOptions) (st SnapshotStats, e
 				return nil, err
 			}
 			if opt.Incremental {
-				st.MemoryBytes, err = writeDiffLayer(w, memFile, regions, dirty)
+				st.MemoryBytes, err = w.WriteDiffLayer(memFile, regions, dirty)
 			} else {
 				st.MemoryBytes, err = m.writeFull(memFile, regions, m.snap.fileBacked)
 			}
@@ -290,7 +290,7 @@ func (m *Machine) Snapshot(dir string, opt SnapshotOptions) (st SnapshotStats, e
 			if d.ReadOnly {
 				continue
 			}
-			name := fmt.Sprintf("disk-%d.img", i)
+			name := snapshot.DiskName(i)
 			n, ref, err := w.CloneDisk(d.Source, name)
 			if err != nil {
 				return nil, fmt.Errorf("disk %d: %w", i, err)
@@ -312,7 +312,7 @@ func (m *Machine) Snapshot(dir string, opt SnapshotOptions) (st SnapshotStats, e
 		Memory: []snapshot.MemoryLayer{{File: snapshot.MemoryName, Size: int64(m.mem.Size())}},
 	}
 	if opt.Incremental {
-		man.Memory = append(parentLayers, snapshot.MemoryLayer{File: snapshot.MemoryName, Size: int64(m.mem.Size()), Bitmap: BitmapName})
+		man.Memory = append(parentLayers, snapshot.MemoryLayer{File: snapshot.MemoryName, Size: int64(m.mem.Size()), Bitmap: snapshot.BitmapName})
 	}
 	if err := w.Commit(man, payload); err != nil {
 		return st, err

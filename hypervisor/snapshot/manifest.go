@@ -25,7 +25,13 @@ const (
 	ManifestName = "manifest.json"
 	StateName    = "state.bin"
 	MemoryName   = "memory.bin"
+	// BitmapName is a diff layer's page bitmap.
+	BitmapName = "memory.bitmap"
 )
+
+// DiskName is the name of writable disk i's copy (i counts all disks in
+// PCI order, read-only ones included).
+func DiskName(i int) string { return fmt.Sprintf("disk-%d.img", i) }
 
 // maxManifest bounds the manifest read (it is a few KiB).
 const maxManifest = 1 << 20
