@@ -30,9 +30,6 @@ import (
 // freeze window, only the pages written meanwhile are written again (see
 // precopy).
 
-// StateVersion is the version of VMState (the state file's payload).
-const StateVersion = 1
-
 // VMState is everything of a VM that is not guest memory or disk contents.
 type VMState struct {
 	Version   int
@@ -474,7 +471,7 @@ func (m *Machine) thawLocked(wasRunning bool) {
 
 // captureState reads all VM state. vCPUs are parked, transports paused.
 func (m *Machine) captureState() (*VMState, error) {
-	s := &VMState{Version: StateVersion}
+	s := &VMState{Version: snapshot.Version}
 	var err error
 	if s.PIT, err = m.vm.GetPIT2(); err != nil {
 		return nil, err
@@ -714,8 +711,8 @@ func parseState(payload []byte) (*VMState, error) {
 	if err := json.Unmarshal(payload, &s); err != nil {
 		return nil, fmt.Errorf("state: %v: %w", err, snapshot.ErrCorrupt)
 	}
-	if s.Version != StateVersion {
-		return nil, fmt.Errorf("machine state version %d, this build reads %d: %w", s.Version, StateVersion, snapshot.ErrVersion)
+	if s.Version != snapshot.Version {
+		return nil, fmt.Errorf("machine state version %d, this build reads %d: %w", s.Version, snapshot.Version, snapshot.ErrVersion)
 	}
 	return &s, nil
 }

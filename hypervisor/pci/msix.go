@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"sync"
+
+	"github.com/cube-runtime/cube/hypervisor/snapshot"
 )
 
 // MSISignaler delivers one MSI message to the guest. The VMM satisfies it with
@@ -38,8 +40,6 @@ type MSIXState struct {
 	Pending  []uint64 // PBA bits
 	CapStart int
 }
-
-const msixStateVersion = 1
 
 // MSIX is an MSI-X table, its pending-bit array and its capability. The table
 // and PBA live in a BAR of the owning device at TableOffset / PBAOffset; the
@@ -238,7 +238,7 @@ func (m *MSIX) State() MSIXState {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return MSIXState{
-		Version:  msixStateVersion,
+		Version:  snapshot.Version,
 		Enabled:  m.enabled,
 		Masked:   m.fnMasked,
 		Table:    append([]MSIXEntry(nil), m.table...),
@@ -250,8 +250,8 @@ func (m *MSIX) State() MSIXState {
 // Restore loads a state captured by State. The config space (which also holds
 // the control bits) must be restored first.
 func (m *MSIX) Restore(s MSIXState) error {
-	if s.Version != msixStateVersion {
-		return fmt.Errorf("restore msi-x: state version %d, want %d", s.Version, msixStateVersion)
+	if err := snapshot.CheckVersion("msi-x state", s.Version); err != nil {
+		return fmt.Errorf("restore msi-x: %w", err)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()

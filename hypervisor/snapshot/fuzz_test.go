@@ -7,7 +7,7 @@ import (
 func FuzzParseManifest(f *testing.F) {
 	b, _ := marshalManifest(func() *Manifest {
 		m := testManifest()
-		m.FormatVersion = FormatVersion
+		m.FormatVersion = Version
 		m.State = StateFile{File: StateName, Size: 100}
 		return m
 	}())

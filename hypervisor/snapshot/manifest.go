@@ -16,10 +16,6 @@ import (
 	"strings"
 )
 
-// FormatVersion is the snapshot format this code writes. Any incompatible
-// layout change bumps it; Open refuses unknown and newer versions.
-const FormatVersion = 1
-
 // File names inside a snapshot directory.
 const (
 	ManifestName = "manifest.json"
@@ -48,8 +44,8 @@ var (
 
 // Manifest describes a snapshot.
 type Manifest struct {
-	FormatVersion int        `json:"format_version"`
-	Created       string     `json:"created"` // RFC 3339, informational
+	FormatVersion int        `json:"format_version"` // Version
+	Created       string     `json:"created"`        // RFC 3339, informational
 	Shape         Shape      `json:"shape"`
 	Components    Components `json:"components"`
 	// Memory is guest RAM: one layer for a full snapshot; an incremental
@@ -121,8 +117,8 @@ func ParseManifest(b []byte) (*Manifest, error) {
 	if v.FormatVersion == nil {
 		return nil, fmt.Errorf("manifest: no format_version: %w", ErrCorrupt)
 	}
-	if *v.FormatVersion != FormatVersion {
-		return nil, fmt.Errorf("manifest: format version %d, this build reads %d: %w", *v.FormatVersion, FormatVersion, ErrVersion)
+	if *v.FormatVersion != Version {
+		return nil, fmt.Errorf("manifest: format version %d, this build reads %d: %w", *v.FormatVersion, Version, ErrVersion)
 	}
 	var m Manifest
 	if err := json.Unmarshal(b, &m); err != nil {

@@ -9,13 +9,12 @@ import (
 // State file layout (little-endian):
 //
 //	magic   [8]byte  "CUBESTAT"
-//	version uint32   StateVersion
+//	version uint32   Version
 //	length  uint32   payload bytes
 //	payload [length]byte
 //	crc     uint32   CRC-32C of everything before it
 const (
 	stateMagic    = "CUBESTAT"
-	StateVersion  = 1
 	stateHeader   = 16
 	stateOverhead = stateHeader + 4
 	// MaxStateSize bounds the payload (vCPU state is ~20 KiB per vCPU).
@@ -29,7 +28,7 @@ func EncodeState(payload []byte) ([]byte, error) {
 	}
 	b := make([]byte, stateHeader, stateOverhead+len(payload))
 	copy(b, stateMagic)
-	binary.LittleEndian.PutUint32(b[8:], StateVersion)
+	binary.LittleEndian.PutUint32(b[8:], Version)
 	binary.LittleEndian.PutUint32(b[12:], uint32(len(payload)))
 	b = append(b, payload...)
 	return binary.LittleEndian.AppendUint32(b, stateCRC(b)), nil
@@ -43,8 +42,8 @@ func DecodeState(b []byte) ([]byte, error) {
 	if string(b[:8]) != stateMagic {
 		return nil, fmt.Errorf("state file: bad magic %q: %w", b[:8], ErrCorrupt)
 	}
-	if v := binary.LittleEndian.Uint32(b[8:]); v != StateVersion {
-		return nil, fmt.Errorf("state file version %d, this build reads %d: %w", v, StateVersion, ErrVersion)
+	if err := CheckVersion("state file", binary.LittleEndian.Uint32(b[8:])); err != nil {
+		return nil, err
 	}
 	n := binary.LittleEndian.Uint32(b[12:])
 	if n > MaxStateSize {

@@ -140,7 +140,7 @@ func (w *Writer) Commit(m *Manifest, statePayload []byte) error {
 	if err != nil {
 		return err
 	}
-	m.FormatVersion = FormatVersion
+	m.FormatVersion = Version
 	if m.Created == "" {
 		m.Created = time.Now().UTC().Format(time.RFC3339Nano)
 	}

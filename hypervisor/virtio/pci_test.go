@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"testing"
 
+	"github.com/cube-runtime/cube/hypervisor/snapshot"
 	"github.com/cube-runtime/cube/hypervisor/virtio"
 	"github.com/cube-runtime/cube/hypervisor/virtio/rng"
 	"github.com/cube-runtime/cube/hypervisor/virtio/virtiotest"
@@ -310,7 +311,7 @@ func TestStateRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := dev2.Restore(rng.State{Version: rng.StateVersion}); err != nil {
+	if err := dev2.Restore(rng.State{Version: snapshot.Version}); err != nil {
 		t.Fatal(err)
 	}
 	if err := tr2.Restore(st); err != nil {

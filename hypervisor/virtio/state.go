@@ -4,11 +4,8 @@ import (
 	"fmt"
 
 	"github.com/cube-runtime/cube/hypervisor/pci"
+	"github.com/cube-runtime/cube/hypervisor/snapshot"
 )
-
-// TransportStateVersion is bumped on any incompatible layout change; Restore
-// refuses other versions.
-const TransportStateVersion = 1
 
 // TransportState is the serializable state of a virtio-pci transport: PCI
 // config space (BAR addresses, command, MSI-X control), MSI-X table and PBA,
@@ -38,7 +35,7 @@ func (t *PCITransport) State() TransportState {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	s := TransportState{
-		Version:          TransportStateVersion,
+		Version:          snapshot.Version,
 		DeviceID:         t.dev.DeviceID(),
 		PCIConfig:        t.cfg.Bytes(),
 		MSIX:             t.msix.State(),
@@ -64,8 +61,8 @@ func (t *PCITransport) State() TransportState {
 // and leaves the transport paused with every queue marked kicked, so Resume
 // (called when the vCPUs resume) processes whatever the guest had queued.
 func (t *PCITransport) Restore(s TransportState) error {
-	if s.Version != TransportStateVersion {
-		return fmt.Errorf("restore virtio-pci: state version %d, want %d", s.Version, TransportStateVersion)
+	if err := snapshot.CheckVersion("virtio-pci transport state", s.Version); err != nil {
+		return fmt.Errorf("restore virtio-pci: %w", err)
 	}
 	if s.DeviceID != t.dev.DeviceID() {
 		return fmt.Errorf("restore virtio-pci: state is for device id %d, device is %d", s.DeviceID, t.dev.DeviceID())

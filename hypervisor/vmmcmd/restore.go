@@ -99,8 +99,8 @@ func restoreVM(dir string, f restoreFlags, prepared *machine.PreparedVM, stdout 
 	}
 	r.steps.Mark("open")
 	man := snap.Manifest
-	if man.Components.VMMVersion != Version {
-		return nil, fmt.Errorf("snapshot was made by %q, this is %q", man.Components.VMMVersion, Version)
+	if v := snapshot.VMMVersion(); man.Components.VMMVersion != v {
+		return nil, fmt.Errorf("snapshot was made by %q, this is %q", man.Components.VMMVersion, v)
 	}
 	cfg := defaults()
 	if err := json.Unmarshal(man.Config, &cfg); err != nil {

@@ -15,18 +15,13 @@ import (
 	"github.com/cube-runtime/cube/hypervisor/snapshot"
 )
 
-// Version identifies this VMM in snapshot manifests; a snapshot is
-// restored or rolled back to only by the same version (the device and
-// machine state layouts are this build's).
-const Version = "cube-vmm/1 state/1"
-
 // components hashes the kernel and initrd in the background (a snapshot
 // records them; under TCG hashing tens of MiB takes a while) and returns a
 // function that waits for the result.
 func components(cfg *Config) func() (snapshot.Components, error) {
 	var (
 		once sync.Once
-		c    = snapshot.Components{VMMVersion: Version}
+		c    = snapshot.Components{VMMVersion: snapshot.VMMVersion()}
 		err  error
 		done = make(chan struct{})
 	)

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/cube-runtime/cube/hypervisor/snapshot"
 	"github.com/cube-runtime/cube/hypervisor/virtio"
 )
 
@@ -52,9 +53,6 @@ type Options struct {
 	// Serial is returned by GET_ID (/sys/block/vdX/serial); at most 20 bytes.
 	Serial string
 }
-
-// StateVersion is the version of State.
-const StateVersion = 1
 
 // State is the device's serializable state. Requests complete synchronously
 // inside Notify, so there are never requests in flight when the VM is paused;
@@ -305,14 +303,14 @@ func (d *Device) checkRange(sector, n uint64) error {
 func (d *Device) State() State {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return State{Version: StateVersion, Path: d.opts.Path, ReadOnly: d.opts.ReadOnly, Serial: d.opts.Serial, Sectors: d.sectors.Load()}
+	return State{Version: snapshot.Version, Path: d.opts.Path, ReadOnly: d.opts.ReadOnly, Serial: d.opts.Serial, Sectors: d.sectors.Load()}
 }
 
 // Restore checks that a saved state matches this disk (same mode and
 // capacity: the guest's driver has the capacity cached).
 func (d *Device) Restore(s State) error {
-	if s.Version != StateVersion {
-		return fmt.Errorf("restore virtio-blk: state version %d, want %d", s.Version, StateVersion)
+	if err := snapshot.CheckVersion("virtio-blk state", s.Version); err != nil {
+		return fmt.Errorf("restore virtio-blk: %w", err)
 	}
 	if cur := d.sectors.Load(); s.Sectors != cur || s.ReadOnly != d.opts.ReadOnly {
 		return fmt.Errorf("restore virtio-blk %s: snapshot has %d sectors read-only=%v, disk has %d read-only=%v",

@@ -8,6 +8,7 @@ import (
 	"io"
 	"sync"
 
+	"github.com/cube-runtime/cube/hypervisor/snapshot"
 	"github.com/cube-runtime/cube/hypervisor/virtio"
 )
 
@@ -17,9 +18,6 @@ const QueueSize = 256
 // maxRequest caps the bytes served per request; Linux asks for at most a page
 // or so, and a huge buffer must not make us burn CPU on crypto/rand.
 const maxRequest = 64 << 10
-
-// StateVersion is the version of State.
-const StateVersion = 1
 
 // State is the device's serializable state. virtio-rng has none beyond the
 // transport's; the struct exists so the snapshot format is uniform and versioned.
@@ -102,12 +100,12 @@ func (d *Device) Notify(q int) {
 }
 
 // State returns the device state.
-func (d *Device) State() State { return State{Version: StateVersion} }
+func (d *Device) State() State { return State{Version: snapshot.Version} }
 
 // Restore loads a state.
 func (d *Device) Restore(s State) error {
-	if s.Version != StateVersion {
-		return fmt.Errorf("restore virtio-rng: state version %d, want %d", s.Version, StateVersion)
+	if err := snapshot.CheckVersion("virtio-rng state", s.Version); err != nil {
+		return fmt.Errorf("restore virtio-rng: %w", err)
 	}
 	return nil
 }

@@ -26,6 +26,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/cube-runtime/cube/hypervisor/snapshot"
 	"github.com/cube-runtime/cube/hypervisor/virtio"
 )
 
@@ -69,9 +70,6 @@ type Options struct {
 	GuestCID uint64 // >= 3
 	UDSPath  string // Unix socket the device listens on
 }
-
-// StateVersion is the version of State.
-const StateVersion = 1
 
 // State is the device's serializable state. Connections are not saved: a
 // restored guest gets a transport reset and re-dials (listeners survive).
@@ -295,14 +293,14 @@ func (d *Device) Notify(q int) {
 func (d *Device) State() State {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return State{Version: StateVersion, GuestCID: d.cid, PendingEvent: d.event, NextPort: d.nextPort}
+	return State{Version: snapshot.Version, GuestCID: d.cid, PendingEvent: d.event, NextPort: d.nextPort}
 }
 
 // Restore loads a saved state. The caller then calls TransportReset once the
 // transport is restored, so the guest drops its stale connections.
 func (d *Device) Restore(s State) error {
-	if s.Version != StateVersion {
-		return fmt.Errorf("restore virtio-vsock: state version %d, want %d", s.Version, StateVersion)
+	if err := snapshot.CheckVersion("virtio-vsock state", s.Version); err != nil {
+		return fmt.Errorf("restore virtio-vsock: %w", err)
 	}
 	if s.GuestCID != d.cid {
 		return fmt.Errorf("restore virtio-vsock: snapshot guest cid %d, device has %d", s.GuestCID, d.cid)
