@@ -4,8 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"sync"
-
-	"github.com/cube-runtime/cube/hypervisor/snapshot"
 )
 
 // MSISignaler delivers one MSI message to the guest. The VMM satisfies it with
@@ -29,16 +27,6 @@ const (
 // MSIXEntry is one table entry.
 type MSIXEntry struct {
 	AddrLo, AddrHi, Data, Control uint32
-}
-
-// MSIXState is the serializable state of an MSI-X table.
-type MSIXState struct {
-	Version  uint32
-	Enabled  bool
-	Masked   bool // function mask
-	Table    []MSIXEntry
-	Pending  []uint64 // PBA bits
-	CapStart int
 }
 
 // MSIX is an MSI-X table, its pending-bit array and its capability. The table
@@ -231,41 +219,6 @@ func (m *MSIX) Entry(v int) (MSIXEntry, bool) {
 		return MSIXEntry{}, false
 	}
 	return m.table[v], true
-}
-
-// State captures the table, PBA and control bits.
-func (m *MSIX) State() MSIXState {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return MSIXState{
-		Version:  snapshot.Version,
-		Enabled:  m.enabled,
-		Masked:   m.fnMasked,
-		Table:    append([]MSIXEntry(nil), m.table...),
-		Pending:  append([]uint64(nil), m.pba...),
-		CapStart: m.capOff,
-	}
-}
-
-// Restore loads a state captured by State. The config space (which also holds
-// the control bits) must be restored first.
-func (m *MSIX) Restore(s MSIXState) error {
-	if err := snapshot.CheckVersion("msi-x state", s.Version); err != nil {
-		return fmt.Errorf("restore msi-x: %w", err)
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if len(s.Table) != len(m.table) || len(s.Pending) != len(m.pba) || s.CapStart != m.capOff {
-		return fmt.Errorf("restore msi-x: %d vectors at %#x in snapshot, device has %d at %#x",
-			len(s.Table), s.CapStart, len(m.table), m.capOff)
-	}
-	copy(m.table, s.Table)
-	for i := range m.table {
-		m.table[i].Control &= msixVecMasked
-	}
-	copy(m.pba, s.Pending)
-	m.enabled, m.fnMasked = s.Enabled, s.Masked
-	return nil
 }
 
 func aligned(off uint64, n int) bool {

@@ -54,14 +54,6 @@ const (
 	inputMax = 4096 // bytes buffered from the host; more are dropped
 )
 
-// State is the UART's register file, serializable for snapshots.
-type State struct {
-	IER, LCR, MCR, SCR, FCR uint8
-	DLL, DLM                uint8
-	THREPending             bool
-	Input                   []byte
-}
-
 // Serial is one UART.
 type Serial struct {
 	mu  sync.Mutex
@@ -78,23 +70,6 @@ func New(out io.Writer, irq func()) *Serial {
 	}
 	// DLL 12 = 9600 baud, the 8250 reset value Linux expects to read back.
 	return &Serial{out: out, irq: irq, st: State{DLL: 12}}
-}
-
-// State returns a copy of the register state.
-func (s *Serial) State() State {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	st := s.st
-	st.Input = append([]byte(nil), s.st.Input...)
-	return st
-}
-
-// SetState restores registers saved by State.
-func (s *Serial) SetState(st State) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.st = st
-	s.st.Input = append([]byte(nil), st.Input...)
 }
 
 // Enqueue feeds host input to the guest (as if received on the line).

@@ -11,7 +11,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/cube-runtime/cube/hypervisor/snapshot"
 	"github.com/cube-runtime/cube/hypervisor/virtio"
 )
 
@@ -52,18 +51,6 @@ type Options struct {
 	ReadOnly bool
 	// Serial is returned by GET_ID (/sys/block/vdX/serial); at most 20 bytes.
 	Serial string
-}
-
-// State is the device's serializable state. Requests complete synchronously
-// inside Notify, so there are never requests in flight when the VM is paused;
-// the disk's bytes are the file itself (snapshotted by reflink, not here).
-// Path is the current backing file (after SetBacking, the new one).
-type State struct {
-	Version  uint32
-	Path     string
-	ReadOnly bool
-	Serial   string
-	Sectors  uint64
 }
 
 // Device is a virtio-blk device.
@@ -295,26 +282,6 @@ func (d *Device) checkRange(sector, n uint64) error {
 	capacity := d.sectors.Load()
 	if sector > capacity || n/SectorSize > capacity-sector {
 		return fmt.Errorf("sectors %d+%d beyond capacity %d", sector, n/SectorSize, capacity)
-	}
-	return nil
-}
-
-// State returns the device state.
-func (d *Device) State() State {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return State{Version: snapshot.Version, Path: d.opts.Path, ReadOnly: d.opts.ReadOnly, Serial: d.opts.Serial, Sectors: d.sectors.Load()}
-}
-
-// Restore checks that a saved state matches this disk (same mode and
-// capacity: the guest's driver has the capacity cached).
-func (d *Device) Restore(s State) error {
-	if err := snapshot.CheckVersion("virtio-blk state", s.Version); err != nil {
-		return fmt.Errorf("restore virtio-blk: %w", err)
-	}
-	if cur := d.sectors.Load(); s.Sectors != cur || s.ReadOnly != d.opts.ReadOnly {
-		return fmt.Errorf("restore virtio-blk %s: snapshot has %d sectors read-only=%v, disk has %d read-only=%v",
-			d.Path(), s.Sectors, s.ReadOnly, cur, d.opts.ReadOnly)
 	}
 	return nil
 }

@@ -8,7 +8,6 @@ import (
 	"io"
 	"sync"
 
-	"github.com/cube-runtime/cube/hypervisor/snapshot"
 	"github.com/cube-runtime/cube/hypervisor/virtio"
 )
 
@@ -18,12 +17,6 @@ const QueueSize = 256
 // maxRequest caps the bytes served per request; Linux asks for at most a page
 // or so, and a huge buffer must not make us burn CPU on crypto/rand.
 const maxRequest = 64 << 10
-
-// State is the device's serializable state. virtio-rng has none beyond the
-// transport's; the struct exists so the snapshot format is uniform and versioned.
-type State struct {
-	Version uint32
-}
 
 // Device is a virtio-rng device.
 type Device struct {
@@ -97,15 +90,4 @@ func (d *Device) Notify(q int) {
 	if served {
 		d.env.Used(0)
 	}
-}
-
-// State returns the device state.
-func (d *Device) State() State { return State{Version: snapshot.Version} }
-
-// Restore loads a state.
-func (d *Device) Restore(s State) error {
-	if err := snapshot.CheckVersion("virtio-rng state", s.Version); err != nil {
-		return fmt.Errorf("restore virtio-rng: %w", err)
-	}
-	return nil
 }

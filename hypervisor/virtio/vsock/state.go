@@ -1,0 +1,47 @@
+package vsock
+
+import (
+	"fmt"
+
+	"github.com/cube-runtime/cube/hypervisor/snapshot"
+)
+
+// State is the device's serializable state. Connections are not saved: a
+// restored guest gets a transport reset and re-dials (listeners survive).
+type State struct {
+	Version      uint32
+	GuestCID     uint64
+	PendingEvent bool
+	// NextPort is the next host-side port for a host-initiated connection.
+	// A restored device continues from it: the guest may still hold sockets
+	// (reset but not yet closed by their owners) keyed by the earlier ports,
+	// and a new connection must not be mistaken for one of them. Zero (a
+	// state from before this field) keeps the default.
+	NextPort uint32 `json:",omitempty"`
+}
+
+// State returns the device state.
+func (d *Device) State() State {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return State{Version: snapshot.Version, GuestCID: d.cid, PendingEvent: d.event, NextPort: d.nextPort}
+}
+
+// Restore loads a saved state. The caller then calls TransportReset once the
+// transport is restored, so the guest drops its stale connections.
+func (d *Device) Restore(s State) error {
+	if err := snapshot.CheckVersion("virtio-vsock state", s.Version); err != nil {
+		return fmt.Errorf("restore virtio-vsock: %w", err)
+	}
+	if s.GuestCID != d.cid {
+		return fmt.Errorf("restore virtio-vsock: snapshot guest cid %d, device has %d", s.GuestCID, d.cid)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.event = d.event || s.PendingEvent
+	// Never go back: on a rollback the device's own counter may be ahead.
+	if s.NextPort >= firstHostPort && s.NextPort > d.nextPort {
+		d.nextPort = s.NextPort
+	}
+	return nil
+}
