@@ -25,8 +25,12 @@ const (
 )
 
 // MSIXEntry is one table entry.
+// Its json names are the snapshot format's: changing one is a snapshot.Version bump.
 type MSIXEntry struct {
-	AddrLo, AddrHi, Data, Control uint32
+	AddrLo  uint32 `json:"AddrLo"`
+	AddrHi  uint32 `json:"AddrHi"`
+	Data    uint32 `json:"Data"`
+	Control uint32 `json:"Control"`
 }
 
 // MSIX is an MSI-X table, its pending-bit array and its capability. The table

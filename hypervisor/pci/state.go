@@ -7,13 +7,14 @@ import (
 )
 
 // MSIXState is the serializable state of an MSI-X table.
+// Its json names are the snapshot format's: changing one is a snapshot.Version bump.
 type MSIXState struct {
-	Version  uint32
-	Enabled  bool
-	Masked   bool // function mask
-	Table    []MSIXEntry
-	Pending  []uint64 // PBA bits
-	CapStart int
+	Version  uint32      `json:"Version"`
+	Enabled  bool        `json:"Enabled"`
+	Masked   bool        `json:"Masked"` // function mask
+	Table    []MSIXEntry `json:"Table"`
+	Pending  []uint64    `json:"Pending"` // PBA bits
+	CapStart int         `json:"CapStart"`
 }
 
 // State captures the table, PBA and control bits.

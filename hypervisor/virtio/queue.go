@@ -165,16 +165,17 @@ func (w *ChainWriter) Written() uint64 { return w.written }
 func (w *ChainWriter) Remaining() uint64 { return sumLen(w.bufs) - uint64(w.off) }
 
 // QueueState is the serializable state of one split virtqueue.
+// Its json names are the snapshot format's: changing one is a snapshot.Version bump.
 type QueueState struct {
-	Size      uint16
-	Ready     bool
-	Desc      uint64
-	Avail     uint64
-	Used      uint64
-	Vector    uint16
-	LastAvail uint16
-	UsedIdx   uint16
-	Signalled uint16
+	Size      uint16 `json:"Size"`
+	Ready     bool   `json:"Ready"`
+	Desc      uint64 `json:"Desc"`
+	Avail     uint64 `json:"Avail"`
+	Used      uint64 `json:"Used"`
+	Vector    uint16 `json:"Vector"`
+	LastAvail uint16 `json:"LastAvail"`
+	UsedIdx   uint16 `json:"UsedIdx"`
+	Signalled uint16 `json:"Signalled"`
 }
 
 // Queue is one split virtqueue. It is not safe for concurrent use; the device

@@ -11,21 +11,22 @@ import (
 // config space (BAR addresses, command, MSI-X control), MSI-X table and PBA,
 // feature negotiation, device status and every queue's ring addresses and
 // indexes. The device's own state is saved separately by the device.
+// Its json names are the snapshot format's: changing one is a snapshot.Version bump.
 type TransportState struct {
-	Version          uint32
-	DeviceID         uint16
-	PCIConfig        []byte
-	MSIX             pci.MSIXState
-	Status           uint8
-	NeedsReset       bool
-	DriverFeatures   uint64
-	DeviceFeatureSel uint32
-	DriverFeatureSel uint32
-	QueueSelect      uint16
-	ConfigVector     uint16
-	ConfigGeneration uint32
-	ISR              uint32
-	Queues           []QueueState
+	Version          uint32        `json:"Version"`
+	DeviceID         uint16        `json:"DeviceID"`
+	PCIConfig        []byte        `json:"PCIConfig"`
+	MSIX             pci.MSIXState `json:"MSIX"`
+	Status           uint8         `json:"Status"`
+	NeedsReset       bool          `json:"NeedsReset"`
+	DriverFeatures   uint64        `json:"DriverFeatures"`
+	DeviceFeatureSel uint32        `json:"DeviceFeatureSel"`
+	DriverFeatureSel uint32        `json:"DriverFeatureSel"`
+	QueueSelect      uint16        `json:"QueueSelect"`
+	ConfigVector     uint16        `json:"ConfigVector"`
+	ConfigGeneration uint32        `json:"ConfigGeneration"`
+	ISR              uint32        `json:"ISR"`
+	Queues           []QueueState  `json:"Queues"`
 }
 
 // State captures the transport. Ordering: pause the vCPUs, then Pause the

@@ -34,32 +34,34 @@ const (
 	ExitStopped  = 12 // stopped by the control socket or SIGINT/SIGTERM
 )
 
-// Config is the TOML configuration file; flags override it.
+// Config is the TOML configuration file; flags override it. A snapshot's
+// manifest records it (config) in JSON: its json names are the snapshot
+// format's, and changing one is a snapshot.Version bump.
 type Config struct {
-	Kernel        string `toml:"kernel"`         // required
-	Initrd        string `toml:"initrd"`         // optional
-	Cmdline       string `toml:"cmdline"`        // default DefaultCmdline
-	MemoryMiB     int    `toml:"memory_mib"`     // default 256
-	VCPUs         int    `toml:"vcpus"`          // default 1
-	Console       string `toml:"console"`        // "stdout" (default), "none", or a file path
-	ConsoleInput  string `toml:"console_input"`  // "none" (default) or "stdin"
-	ControlSocket string `toml:"control_socket"` // optional Unix socket path
-	KVMDevice     string `toml:"kvm_device"`     // default /dev/kvm
-	HugePages     bool   `toml:"hugepages"`      // transparent huge pages for guest RAM (default true)
-	Decompress    bool   `toml:"decompress"`     // decompress a bzImage on the host (default false)
-	KernelCache   string `toml:"kernel_cache"`   // directory caching decompressed kernels (default none)
-	LogLevel      string `toml:"log_level"`      // default "warning"
-	Disks         []Disk `toml:"disk"`           // virtio-blk disks, in PCI slot order (vda, vdb, …)
-	Vsock         string `toml:"vsock"`          // hybrid vsock Unix socket path; empty: no vsock device
-	VsockCID      uint64 `toml:"vsock_cid"`      // guest CID, default 3
-	RNG           bool   `toml:"rng"`            // virtio-rng, default on
+	Kernel        string `toml:"kernel" json:"Kernel"`                // required
+	Initrd        string `toml:"initrd" json:"Initrd"`                // optional
+	Cmdline       string `toml:"cmdline" json:"Cmdline"`              // default DefaultCmdline
+	MemoryMiB     int    `toml:"memory_mib" json:"MemoryMiB"`         // default 256
+	VCPUs         int    `toml:"vcpus" json:"VCPUs"`                  // default 1
+	Console       string `toml:"console" json:"Console"`              // "stdout" (default), "none", or a file path
+	ConsoleInput  string `toml:"console_input" json:"ConsoleInput"`   // "none" (default) or "stdin"
+	ControlSocket string `toml:"control_socket" json:"ControlSocket"` // optional Unix socket path
+	KVMDevice     string `toml:"kvm_device" json:"KVMDevice"`         // default /dev/kvm
+	HugePages     bool   `toml:"hugepages" json:"HugePages"`          // transparent huge pages for guest RAM (default true)
+	Decompress    bool   `toml:"decompress" json:"Decompress"`        // decompress a bzImage on the host (default false)
+	KernelCache   string `toml:"kernel_cache" json:"KernelCache"`     // directory caching decompressed kernels (default none)
+	LogLevel      string `toml:"log_level" json:"LogLevel"`           // default "warning"
+	Disks         []Disk `toml:"disk" json:"Disks"`                   // virtio-blk disks, in PCI slot order (vda, vdb, …)
+	Vsock         string `toml:"vsock" json:"Vsock"`                  // hybrid vsock Unix socket path; empty: no vsock device
+	VsockCID      uint64 `toml:"vsock_cid" json:"VsockCID"`           // guest CID, default 3
+	RNG           bool   `toml:"rng" json:"RNG"`                      // virtio-rng, default on
 }
 
 // Disk is one virtio-blk disk ([[disk]] in the config file).
 type Disk struct {
-	Path     string `toml:"path"`
-	ReadOnly bool   `toml:"read_only"`
-	Serial   string `toml:"serial"` // GET_ID answer, /sys/block/vdX/serial; at most 20 bytes
+	Path     string `toml:"path" json:"Path"`
+	ReadOnly bool   `toml:"read_only" json:"ReadOnly"`
+	Serial   string `toml:"serial" json:"Serial"` // GET_ID answer, /sys/block/vdX/serial; at most 20 bytes
 }
 
 // parseDisk reads the -disk flag form PATH[,ro][,serial=ID].

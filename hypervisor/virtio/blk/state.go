@@ -10,12 +10,13 @@ import (
 // inside Notify, so there are never requests in flight when the VM is paused;
 // the disk's bytes are the file itself (snapshotted by reflink, not here).
 // Path is the current backing file (after SetBacking, the new one).
+// Its json names are the snapshot format's: changing one is a snapshot.Version bump.
 type State struct {
-	Version  uint32
-	Path     string
-	ReadOnly bool
-	Serial   string
-	Sectors  uint64
+	Version  uint32 `json:"Version"`
+	Path     string `json:"Path"`
+	ReadOnly bool   `json:"ReadOnly"`
+	Serial   string `json:"Serial"`
+	Sectors  uint64 `json:"Sectors"`
 }
 
 // State returns the device state.

@@ -8,8 +8,9 @@ import (
 
 // State is the device's serializable state. virtio-rng has none beyond the
 // transport's; the struct exists so the snapshot format is uniform and versioned.
+// Its json names are the snapshot format's: changing one is a snapshot.Version bump.
 type State struct {
-	Version uint32
+	Version uint32 `json:"Version"`
 }
 
 // State returns the device state.

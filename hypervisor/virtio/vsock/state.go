@@ -8,16 +8,17 @@ import (
 
 // State is the device's serializable state. Connections are not saved: a
 // restored guest gets a transport reset and re-dials (listeners survive).
+// Its json names are the snapshot format's: changing one is a snapshot.Version bump.
 type State struct {
-	Version      uint32
-	GuestCID     uint64
-	PendingEvent bool
+	Version      uint32 `json:"Version"`
+	GuestCID     uint64 `json:"GuestCID"`
+	PendingEvent bool   `json:"PendingEvent"`
 	// NextPort is the next host-side port for a host-initiated connection.
 	// A restored device continues from it: the guest may still hold sockets
 	// (reset but not yet closed by their owners) keyed by the earlier ports,
 	// and a new connection must not be mistaken for one of them. Zero (a
 	// state from before this field) keeps the default.
-	NextPort uint32 `json:",omitempty"`
+	NextPort uint32 `json:"NextPort,omitempty"`
 }
 
 // State returns the device state.
