@@ -87,8 +87,9 @@ func TestSetDisk(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b := s.Devices[0].Blk; b == nil || b.Path != image || b.Sectors != sectors {
-		t.Errorf("device state %+v, want path %s", b, image)
+	var b blk.State
+	if err := snapshot.Load(s.Devices[0].State, &b); err != nil || b.Path != image || b.Sectors != sectors {
+		t.Errorf("device state %+v (%v), want path %s", b, err, image)
 	}
 
 	// Rolling back to the snapshot taken with the stub would write the

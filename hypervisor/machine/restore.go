@@ -127,12 +127,12 @@ func Restore(snap *snapshot.Snapshot, cfg Config, attach func(*Machine) error) (
 	// costliest step of a restore; it needs no machine, so it runs beside
 	// the KVM work below on another CPU.
 	type parsed struct {
-		s   *VMState
+		s   *snapshot.State
 		err error
 	}
 	parsing := make(chan parsed, 1) // buffered: an early return leaves no goroutine behind
 	go func() {
-		s, err := parseState(snap.State)
+		s, err := snapshot.DecodePayload(snap.State)
 		parsing <- parsed{s, err}
 	}()
 	layers, err := openLayers(snap)
@@ -369,7 +369,7 @@ func (m *Machine) Rollback(snap *snapshot.Snapshot) (st RollbackStats, err error
 		if err != nil {
 			return st, err
 		}
-		if !sameCPUID(cur, s.VCPUs[i].CPUID) {
+		if !sameCPUID(cur, cpuidToKVM(s.VCPUs[i].CPUID)) {
 			return st, fmt.Errorf("vcpu %d: snapshot CPUID differs from this VM's: %w", i, snapshot.ErrMismatch)
 		}
 	}

@@ -9,14 +9,11 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/cube-runtime/cube/hypervisor/devices/serial"
 	"github.com/cube-runtime/cube/hypervisor/kvm"
 	"github.com/cube-runtime/cube/hypervisor/memory"
 	"github.com/cube-runtime/cube/hypervisor/snapshot"
 	"github.com/cube-runtime/cube/hypervisor/virtio"
 	"github.com/cube-runtime/cube/hypervisor/virtio/blk"
-	"github.com/cube-runtime/cube/hypervisor/virtio/rng"
-	"github.com/cube-runtime/cube/hypervisor/virtio/vsock"
 )
 
 // Snapshot, restore and rollback. The consistency window: the caller has
@@ -29,44 +26,6 @@ import (
 // cleared, all guest memory is written while the VM runs; then, in the
 // freeze window, only the pages written meanwhile are written again (see
 // precopy).
-
-// VMState is everything of a VM that is not guest memory or disk contents.
-type VMState struct {
-	Version   int
-	VCPUs     []VCPUState
-	PICMaster kvm.IRQChip
-	PICSlave  kvm.IRQChip
-	IOAPIC    kvm.IRQChip
-	PIT       kvm.PITState2
-	Clock     kvm.ClockData
-	Serial    serial.State
-	Devices   []DeviceState
-}
-
-// VCPUState is one vCPU's state, in Firecracker's terms.
-type VCPUState struct {
-	ID        int
-	CPUID     []kvm.CPUIDEntry2
-	MPState   kvm.MPState
-	Regs      kvm.Regs
-	Sregs     kvm.Sregs
-	XSave     []uint32
-	XCRs      kvm.XCRs
-	DebugRegs kvm.DebugRegs
-	LAPIC     kvm.LAPICState
-	MSRs      []kvm.MSREntry
-	Events    kvm.VCPUEvents
-	TSCKHz    uint32
-}
-
-// DeviceState is one virtio device and its transport, in attach order.
-type DeviceState struct {
-	Kind      string // "blk", "vsock" or "rng"
-	Transport virtio.TransportState
-	Blk       *blk.State   `json:",omitempty"`
-	Vsock     *vsock.State `json:",omitempty"`
-	RNG       *rng.State   `json:",omitempty"`
-}
 
 // virtioDev is an attached virtio device.
 type virtioDev struct {
@@ -102,14 +61,10 @@ const (
 	msrIA32TSCDeadline = 0x6e0
 )
 
+// kindOf is the kind of state a virtio device saves.
 func kindOf(d virtio.Device) string {
-	switch d.(type) {
-	case *blk.Device:
-		return "blk"
-	case *vsock.Device:
-		return "vsock"
-	case *rng.Device:
-		return "rng"
+	if p, ok := d.(snapshot.Device); ok {
+		return p.StateKind()
 	}
 	return fmt.Sprintf("unknown device %d", d.DeviceID())
 }
@@ -237,9 +192,9 @@ func (m *Machine) Snapshot(dir string, opt SnapshotOptions) (st SnapshotStats, e
 		if err != nil {
 			return nil, err
 		}
-		b, err := json.Marshal(s)
+		b, err := snapshot.EncodePayload(s)
 		if err != nil {
-			return nil, fmt.Errorf("encode state: %w", err)
+			return nil, err
 		}
 		var regions [][]byte
 		for _, r := range m.mem.Regions() {
@@ -470,23 +425,26 @@ func (m *Machine) thawLocked(wasRunning bool) {
 }
 
 // captureState reads all VM state. vCPUs are parked, transports paused.
-func (m *Machine) captureState() (*VMState, error) {
-	s := &VMState{Version: snapshot.Version}
-	var err error
-	if s.PIT, err = m.vm.GetPIT2(); err != nil {
+func (m *Machine) captureState() (*snapshot.State, error) {
+	s := &snapshot.State{Version: snapshot.Version}
+	pit, err := m.vm.GetPIT2()
+	if err != nil {
 		return nil, err
 	}
-	if s.Clock, err = m.vm.GetClock(); err != nil {
+	clock, err := m.vm.GetClock()
+	if err != nil {
 		return nil, err
 	}
-	if s.PICMaster, err = m.vm.GetIRQChip(kvm.IRQChipPICMaster); err != nil {
-		return nil, err
-	}
-	if s.PICSlave, err = m.vm.GetIRQChip(kvm.IRQChipPICSlave); err != nil {
-		return nil, err
-	}
-	if s.IOAPIC, err = m.vm.GetIRQChip(kvm.IRQChipIOAPIC); err != nil {
-		return nil, err
+	s.PIT, s.Clock = pitToSnap(pit), clockToSnap(clock)
+	for _, c := range []struct {
+		id  uint32
+		dst *snapshot.IRQChip
+	}{{kvm.IRQChipPICMaster, &s.PICMaster}, {kvm.IRQChipPICSlave, &s.PICSlave}, {kvm.IRQChipIOAPIC, &s.IOAPIC}} {
+		chip, err := m.vm.GetIRQChip(c.id)
+		if err != nil {
+			return nil, err
+		}
+		*c.dst = irqchipToSnap(chip)
 	}
 	if m.snap.msrs == nil {
 		if m.snap.msrs, err = m.readableMSRs(); err != nil {
@@ -500,21 +458,20 @@ func (m *Machine) captureState() (*VMState, error) {
 		}
 		s.VCPUs = append(s.VCPUs, vs)
 	}
-	s.Serial = m.serial.State()
-	for _, v := range m.virtio {
-		ds := DeviceState{Kind: kindOf(v.dev), Transport: v.tr.State()}
-		switch d := v.dev.(type) {
-		case *blk.Device:
-			x := d.State()
-			ds.Blk = &x
-		case *vsock.Device:
-			x := d.State()
-			ds.Vsock = &x
-		case *rng.Device:
-			x := d.State()
-			ds.RNG = &x
-		default:
+	if s.Serial, err = m.serial.SaveState(); err != nil {
+		return nil, err
+	}
+	for i, v := range m.virtio {
+		d, ok := v.dev.(snapshot.Device)
+		if !ok {
 			return nil, fmt.Errorf("device %d cannot be snapshotted", v.dev.DeviceID())
+		}
+		ds := snapshot.DeviceState{Kind: d.StateKind()}
+		if ds.Transport, err = v.tr.SaveState(); err != nil {
+			return nil, fmt.Errorf("device %d: %w", i, err)
+		}
+		if ds.State, err = d.SaveState(); err != nil {
+			return nil, fmt.Errorf("device %d: %w", i, err)
 		}
 		s.Devices = append(s.Devices, ds)
 	}
@@ -547,18 +504,23 @@ func (m *Machine) readableMSRs() ([]uint32, error) {
 
 // captureVCPU saves one vCPU: MP_STATE first (it may flush pending APIC
 // events into the other state), VCPU_EVENTS last.
-func (m *Machine) captureVCPU(c *kvm.VCPU) (VCPUState, error) {
-	v := VCPUState{ID: c.ID()}
-	var err error
-	if v.MPState, err = c.GetMPState(); err != nil {
+func (m *Machine) captureVCPU(c *kvm.VCPU) (snapshot.VCPU, error) {
+	v := snapshot.VCPU{ID: c.ID()}
+	mp, err := c.GetMPState()
+	if err != nil {
 		return v, err
 	}
-	if v.Regs, err = c.GetRegs(); err != nil {
+	v.MPState = snapshot.MPState(mp)
+	regs, err := c.GetRegs()
+	if err != nil {
 		return v, err
 	}
-	if v.Sregs, err = c.GetSregs(); err != nil {
+	v.Regs = snapshot.Regs(regs)
+	sregs, err := c.GetSregs()
+	if err != nil {
 		return v, err
 	}
+	v.Sregs = sregsToSnap(sregs)
 	if sz, cerr := m.sys.CheckExtension(kvm.CapXSave2); cerr == nil && sz >= 4096 {
 		if v.XSave, err = c.GetXSave2(sz); err != nil {
 			return v, err
@@ -570,27 +532,39 @@ func (m *Machine) captureVCPU(c *kvm.VCPU) (VCPUState, error) {
 		}
 		v.XSave = x.Region[:]
 	}
-	if v.XCRs, err = c.GetXCRs(); err != nil {
+	xcrs, err := c.GetXCRs()
+	if err != nil {
 		return v, err
 	}
-	if v.DebugRegs, err = c.GetDebugRegs(); err != nil {
+	v.XCRs = xcrsToSnap(xcrs)
+	dr, err := c.GetDebugRegs()
+	if err != nil {
 		return v, err
 	}
-	if v.LAPIC, err = c.GetLAPIC(); err != nil {
+	v.DebugRegs = snapshot.DebugRegs(dr)
+	lapic, err := c.GetLAPIC()
+	if err != nil {
 		return v, err
 	}
-	if v.MSRs, err = c.GetMSRs(m.snap.msrs); err != nil {
+	v.LAPIC = snapshot.LAPIC(lapic)
+	msrs, err := c.GetMSRs(m.snap.msrs)
+	if err != nil {
 		return v, err
 	}
-	if v.CPUID, err = c.GetCPUID2(); err != nil {
+	v.MSRs = msrsToSnap(msrs)
+	cpuid, err := c.GetCPUID2()
+	if err != nil {
 		return v, err
 	}
+	v.CPUID = cpuidToSnap(cpuid)
 	if khz, err := c.GetTSCKHz(); err == nil {
 		v.TSCKHz = khz
 	}
-	if v.Events, err = c.GetVCPUEvents(); err != nil {
+	ev, err := c.GetVCPUEvents()
+	if err != nil {
 		return v, err
 	}
+	v.Events = snapshot.VCPUEvents(ev)
 	return v, nil
 }
 
@@ -599,7 +573,7 @@ func (m *Machine) captureVCPU(c *kvm.VCPU) (VCPUState, error) {
 // MSRS) → MSRS (TSC_DEADLINE after TSC) → VCPU_EVENTS. setCPUID is false
 // on rollback: KVM refuses to change CPUID after the vCPU ran, and the
 // caller checked it is equal.
-func restoreVCPU(c *kvm.VCPU, v *VCPUState, setCPUID bool, log *logrus.Entry) error {
+func restoreVCPU(c *kvm.VCPU, v *snapshot.VCPU, setCPUID bool, log *logrus.Entry) error {
 	if setCPUID {
 		if v.TSCKHz != 0 {
 			if cur, err := c.GetTSCKHz(); err == nil && cur != v.TSCKHz {
@@ -608,35 +582,35 @@ func restoreVCPU(c *kvm.VCPU, v *VCPUState, setCPUID bool, log *logrus.Entry) er
 				}
 			}
 		}
-		if err := c.SetCPUID2(v.CPUID); err != nil {
+		if err := c.SetCPUID2(cpuidToKVM(v.CPUID)); err != nil {
 			return fmt.Errorf("set cpuid: %w", err)
 		}
 	}
-	if err := c.SetMPState(v.MPState); err != nil {
+	if err := c.SetMPState(kvm.MPState(v.MPState)); err != nil {
 		return err
 	}
-	if err := c.SetRegs(v.Regs); err != nil {
+	if err := c.SetRegs(kvm.Regs(v.Regs)); err != nil {
 		return err
 	}
-	if err := c.SetSregs(v.Sregs); err != nil {
+	if err := c.SetSregs(sregsToKVM(v.Sregs)); err != nil {
 		return err
 	}
 	if err := c.SetXSave(v.XSave); err != nil {
 		return err
 	}
-	if err := c.SetXCRs(v.XCRs); err != nil {
+	if err := c.SetXCRs(xcrsToKVM(v.XCRs)); err != nil {
 		return err
 	}
-	if err := c.SetDebugRegs(v.DebugRegs); err != nil {
+	if err := c.SetDebugRegs(kvm.DebugRegs(v.DebugRegs)); err != nil {
 		return err
 	}
-	if err := c.SetLAPIC(v.LAPIC); err != nil {
+	if err := c.SetLAPIC(kvm.LAPICState(v.LAPIC)); err != nil {
 		return err
 	}
-	if err := c.SetMSRs(v.MSRs); err != nil {
+	if err := c.SetMSRs(msrsToKVM(v.MSRs)); err != nil {
 		return err
 	}
-	if err := c.SetVCPUEvents(v.Events); err != nil {
+	if err := c.SetVCPUEvents(kvm.VCPUEvents(v.Events)); err != nil {
 		return err
 	}
 	return nil
@@ -644,15 +618,15 @@ func restoreVCPU(c *kvm.VCPU, v *VCPUState, setCPUID bool, log *logrus.Entry) er
 
 // restoreVM loads PIT, clock and irqchips (before the vCPUs, whose LAPICs
 // deliver into them).
-func (m *Machine) restoreVM(s *VMState) error {
-	if err := m.vm.SetPIT2(s.PIT); err != nil {
+func (m *Machine) restoreVM(s *snapshot.State) error {
+	if err := m.vm.SetPIT2(pitToKVM(s.PIT)); err != nil {
 		return err
 	}
 	if err := m.vm.SetClock(kvm.ClockData{Clock: s.Clock.Clock}); err != nil {
 		return err
 	}
-	for _, c := range []kvm.IRQChip{s.PICMaster, s.PICSlave, s.IOAPIC} {
-		if err := m.vm.SetIRQChip(c); err != nil {
+	for _, c := range []snapshot.IRQChip{s.PICMaster, s.PICSlave, s.IOAPIC} {
+		if err := m.vm.SetIRQChip(irqchipToKVM(c)); err != nil {
 			return err
 		}
 	}
@@ -662,22 +636,14 @@ func (m *Machine) restoreVM(s *VMState) error {
 // restoreDevices loads each device's state, then its transport's (which
 // re-activates a running device and leaves it paused), then rescans the
 // PCI bus for BARs the guest moved, then resets vsock transports.
-func (m *Machine) restoreDevices(s *VMState) error {
+func (m *Machine) restoreDevices(s *snapshot.State) error {
 	for i, v := range m.virtio {
 		ds := &s.Devices[i]
-		var err error
-		switch d := v.dev.(type) {
-		case *blk.Device:
-			err = d.Restore(*ds.Blk)
-		case *vsock.Device:
-			err = d.Restore(*ds.Vsock)
-		case *rng.Device:
-			err = d.Restore(*ds.RNG)
-		}
-		if err != nil {
+		// checkState made sure the device persists itself, with this kind.
+		if err := v.dev.(snapshot.Device).RestoreState(ds.State); err != nil {
 			return fmt.Errorf("device %d: %w", i, err)
 		}
-		if err := v.tr.Restore(ds.Transport); err != nil {
+		if err := v.tr.RestoreState(ds.Transport); err != nil {
 			return fmt.Errorf("device %d: %w", i, err)
 		}
 	}
@@ -685,16 +651,20 @@ func (m *Machine) restoreDevices(s *VMState) error {
 		m.pci.Rescan()
 	}
 	for _, v := range m.virtio {
-		if d, ok := v.dev.(*vsock.Device); ok {
+		if d, ok := v.dev.(transportResetter); ok {
 			d.TransportReset()
 		}
 	}
 	return nil
 }
 
+// transportResetter is a device whose guest driver must be told its
+// connections are gone after a restore (virtio-vsock).
+type transportResetter interface{ TransportReset() }
+
 // decodeState parses and checks a state payload against this machine.
-func (m *Machine) decodeState(payload []byte) (*VMState, error) {
-	s, err := parseState(payload)
+func (m *Machine) decodeState(payload []byte) (*snapshot.State, error) {
+	s, err := snapshot.DecodePayload(payload)
 	if err != nil {
 		return nil, err
 	}
@@ -704,22 +674,9 @@ func (m *Machine) decodeState(payload []byte) (*VMState, error) {
 	return s, nil
 }
 
-// parseState decodes a state payload and checks its version; it needs no
-// machine, so Restore runs it beside building the VM.
-func parseState(payload []byte) (*VMState, error) {
-	var s VMState
-	if err := json.Unmarshal(payload, &s); err != nil {
-		return nil, fmt.Errorf("state: %v: %w", err, snapshot.ErrCorrupt)
-	}
-	if s.Version != snapshot.Version {
-		return nil, fmt.Errorf("machine state version %d, this build reads %d: %w", s.Version, snapshot.Version, snapshot.ErrVersion)
-	}
-	return &s, nil
-}
-
-// checkState checks a parsed state against this machine's vCPUs and
+// checkState checks a decoded state against this machine's vCPUs and
 // devices.
-func (m *Machine) checkState(s *VMState) error {
+func (m *Machine) checkState(s *snapshot.State) error {
 	if len(s.VCPUs) != len(m.cpus) {
 		return fmt.Errorf("state has %d vCPUs, VM has %d: %w", len(s.VCPUs), len(m.cpus), snapshot.ErrMismatch)
 	}
@@ -727,33 +684,20 @@ func (m *Machine) checkState(s *VMState) error {
 		if v.ID != m.cpus[i].CPU.ID() {
 			return fmt.Errorf("state vCPU %d has id %d: %w", i, v.ID, snapshot.ErrCorrupt)
 		}
-		if len(v.XSave) < 1024 || len(v.XSave) > 1<<18 {
-			return fmt.Errorf("vcpu %d: xsave of %d words: %w", i, len(v.XSave), snapshot.ErrCorrupt)
-		}
-		if len(v.CPUID) == 0 || len(v.CPUID) > kvm.MaxCPUIDEntries || len(v.MSRs) > 4096 {
-			return fmt.Errorf("vcpu %d: %d cpuid entries, %d msrs: %w", i, len(v.CPUID), len(v.MSRs), snapshot.ErrCorrupt)
-		}
 	}
 	if len(s.Devices) != len(m.virtio) {
 		return fmt.Errorf("state has %d virtio devices, VM has %d: %w", len(s.Devices), len(m.virtio), snapshot.ErrMismatch)
 	}
 	for i, v := range m.virtio {
-		ds := s.Devices[i]
-		if k := kindOf(v.dev); ds.Kind != k {
-			return fmt.Errorf("device %d: state is %s, VM has %s: %w", i, ds.Kind, k, snapshot.ErrMismatch)
+		if k := kindOf(v.dev); s.Devices[i].Kind != k {
+			return fmt.Errorf("device %d: state is %s, VM has %s: %w", i, s.Devices[i].Kind, k, snapshot.ErrMismatch)
 		}
-		if (ds.Kind == "blk" && ds.Blk == nil) || (ds.Kind == "vsock" && ds.Vsock == nil) || (ds.Kind == "rng" && ds.RNG == nil) {
-			return fmt.Errorf("device %d: no %s state: %w", i, ds.Kind, snapshot.ErrCorrupt)
-		}
-	}
-	if len(s.Serial.Input) > 1<<20 {
-		return fmt.Errorf("serial input of %d bytes: %w", len(s.Serial.Input), snapshot.ErrCorrupt)
 	}
 	return nil
 }
 
 // applyState loads a decoded state into the parked machine.
-func (m *Machine) applyState(s *VMState, setCPUID bool) error {
+func (m *Machine) applyState(s *snapshot.State, setCPUID bool) error {
 	if err := m.restoreVM(s); err != nil {
 		return err
 	}
@@ -764,7 +708,9 @@ func (m *Machine) applyState(s *VMState, setCPUID bool) error {
 		}
 	}
 	m.steps.Mark("state.vcpus")
-	m.serial.SetState(s.Serial)
+	if err := m.serial.RestoreState(s.Serial); err != nil {
+		return err
+	}
 	defer m.steps.Mark("state.devices")
 	return m.restoreDevices(s)
 }

@@ -120,3 +120,22 @@ func (t *PCITransport) Restore(s TransportState) error {
 	}
 	return nil
 }
+
+// Kind is the virtio-pci transport's kind (its state is the Transport of
+// every device record).
+const Kind = "virtio-pci"
+
+// StateKind is virtio-pci's kind in a snapshot's device records.
+func (t *PCITransport) StateKind() string { return Kind }
+
+// SaveState returns the state (snapshot.Device).
+func (t *PCITransport) SaveState() ([]byte, error) { return snapshot.Save(t.State()) }
+
+// RestoreState loads a state SaveState returned (snapshot.Device).
+func (t *PCITransport) RestoreState(b []byte) error {
+	var s TransportState
+	if err := snapshot.Load(b, &s); err != nil {
+		return fmt.Errorf("restore virtio-pci: %w", err)
+	}
+	return t.Restore(s)
+}

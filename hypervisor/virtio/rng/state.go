@@ -23,3 +23,21 @@ func (d *Device) Restore(s State) error {
 	}
 	return nil
 }
+
+// Kind is virtio-rng's kind in a snapshot's device records.
+const Kind = "rng"
+
+// StateKind is virtio-rng's kind in a snapshot's device records.
+func (d *Device) StateKind() string { return Kind }
+
+// SaveState returns the state (snapshot.Device).
+func (d *Device) SaveState() ([]byte, error) { return snapshot.Save(d.State()) }
+
+// RestoreState loads a state SaveState returned (snapshot.Device).
+func (d *Device) RestoreState(b []byte) error {
+	var s State
+	if err := snapshot.Load(b, &s); err != nil {
+		return fmt.Errorf("restore virtio-rng: %w", err)
+	}
+	return d.Restore(s)
+}
