@@ -79,7 +79,7 @@ demo: deps build
 	$(GO) test -count=1 -v -run TestCtrRun ./integration/shim
 
 # Every fuzz target, one after another (each part's FUZZTIME / DEVICE_FUZZTIME per target).
-fuzz: fuzz-hypervisor fuzz-devices agent-fuzz snapshotter-fuzz fuzz-shim fuzz-checkpoint
+fuzz: fuzz-hypervisor fuzz-devices agent-fuzz snapshotter-fuzz fuzz-shim fuzz-snapshot
 
 clean:
 	rm -rf $(BIN)
@@ -202,7 +202,7 @@ fuzz-shim:
 # ---- end shim ----------------------------------------------------------------
 
 # >>> snapshot (issue 5) — block owned by the snapshot slice; merge into the main Makefile as is.
-.PHONY: e2e-snapshot bench-snapshot fuzz-checkpoint
+.PHONY: e2e-snapshot bench-snapshot fuzz-snapshot
 # Acceptance test in the test host: worker counter, snapshot, SIGKILL, rollback x3, restore in a new cube-vmm.
 e2e-snapshot:
 	go test -count=1 -timeout 60m -v -run TestRollbackAndRestore ./integration/snapshot
@@ -213,9 +213,17 @@ e2e-snapshot:
 bench-snapshot:
 	go test -count=1 -timeout 60m -run '^$$' -bench . -benchtime=1x -v ./integration/snapshot
 	go test -run '^$$' -bench . -benchtime=10x ./hypervisor/machine
-fuzz-checkpoint:
-	go test -run '^$$' -fuzz '^FuzzParseManifest$$' -fuzztime $(FUZZTIME) ./checkpoint
-	go test -run '^$$' -fuzz '^FuzzDecodeState$$' -fuzztime $(FUZZTIME) ./checkpoint
-	go test -run '^$$' -fuzz '^FuzzStateCRC$$' -fuzztime $(FUZZTIME) ./checkpoint
-	go test -run '^$$' -fuzz '^FuzzRuns$$' -fuzztime $(FUZZTIME) ./checkpoint
+# Every parser of the snapshot format: the format package's, and each device's state.
+fuzz-snapshot:
+	go test -run '^$$' -fuzz '^FuzzParseManifest$$' -fuzztime $(FUZZTIME) ./hypervisor/snapshot
+	go test -run '^$$' -fuzz '^FuzzDecodeState$$' -fuzztime $(FUZZTIME) ./hypervisor/snapshot
+	go test -run '^$$' -fuzz '^FuzzDecodePayload$$' -fuzztime $(FUZZTIME) ./hypervisor/snapshot
+	go test -run '^$$' -fuzz '^FuzzDecodeBitmap$$' -fuzztime $(FUZZTIME) ./hypervisor/snapshot
+	go test -run '^$$' -fuzz '^FuzzStateCRC$$' -fuzztime $(FUZZTIME) ./hypervisor/snapshot
+	go test -run '^$$' -fuzz '^FuzzRuns$$' -fuzztime $(FUZZTIME) ./hypervisor/snapshot
+	go test -run '^$$' -fuzz '^FuzzTransportState$$' -fuzztime $(FUZZTIME) ./hypervisor/virtio
+	go test -run '^$$' -fuzz '^FuzzRestoreState$$' -fuzztime $(FUZZTIME) ./hypervisor/virtio/blk
+	go test -run '^$$' -fuzz '^FuzzRestoreState$$' -fuzztime $(FUZZTIME) ./hypervisor/virtio/vsock
+	go test -run '^$$' -fuzz '^FuzzRestoreState$$' -fuzztime $(FUZZTIME) ./hypervisor/virtio/rng
+	go test -run '^$$' -fuzz '^FuzzRestoreState$$' -fuzztime $(FUZZTIME) ./hypervisor/devices/serial
 # <<< snapshot
