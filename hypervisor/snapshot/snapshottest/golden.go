@@ -83,12 +83,15 @@ func Golden(t testing.TB, v int) string {
 	return dst
 }
 
-// Update replaces version v's golden snapshots with the snapshot
-// directories full and diff (diff an incremental child of full, beside it).
+// Update makes version v's golden snapshots from the snapshot directories
+// full and diff (diff an incremental child of full, beside it). A golden is
+// made once per version: Update refuses to replace one (a changed encoding
+// needs a new version, not a new golden; to remake a golden deliberately,
+// delete it first, in a commit of its own).
 func Update(v int, full, diff string) error {
 	dst := VersionDir(v)
-	if err := os.RemoveAll(dst); err != nil {
-		return err
+	if _, err := os.Stat(dst); err == nil {
+		return fmt.Errorf("%s exists: a golden is made once per format version (bump snapshot.Version for a new one)", dst)
 	}
 	for name, src := range map[string]string{Full: full, Diff: diff} {
 		if err := copyDir(filepath.Join(dst, name), src, compress); err != nil {
