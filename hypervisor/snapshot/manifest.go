@@ -1,11 +1,3 @@
-// Package snapshot is Cube's on-disk VM snapshot format and store: a
-// snapshot directory holds a manifest (format version, VM shape, component
-// digests and versions), a state file (magic, version, CRC-protected
-// payload), guest memory file(s) and copies of the writable disk images.
-//
-// A snapshot directory is written under a temporary name, fsynced and
-// renamed into place, so a directory with the final name is always
-// complete; Open refuses anything it cannot fully validate.
 package snapshot
 
 import (
