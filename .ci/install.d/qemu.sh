@@ -1,8 +1,9 @@
 #!/bin/bash
-# The test host: QEMU >= 9 from Debian's bookworm-backports. Debian 12's own QEMU 7.2 runs the test host too,
-# but its TCG emulation of nested AMD-V froze the test host or crashed nested guests in about half of our CI
-# runs (README, "Known problems"); QEMU 10 from backports boots nested guests several times faster and was
-# not seen to freeze. Sourced by .ci/deps (root); skipped when a new enough QEMU is already installed.
+# The test host: QEMU 10 from Debian's bookworm-backports, for its firmware (SeaBIOS, option ROMs) and as the
+# `CUBE_TESTHOST_QEMU=debian` variant, plus what building the patched variant (the default) needs. Debian 12's
+# own QEMU 7.2 froze the test host or crashed nested guests in about half of our CI runs; the backports
+# binary still crashed the test host's kernel now and then (docs/testhost.md), which the patched build fixes.
+# Sourced by .ci/deps (root); skips what is already installed.
 qemu_major() { qemu-system-x86_64 --version 2>/dev/null | sed -n 's/^QEMU emulator version \([0-9]*\)\..*/\1/p'; }
 ensure_bpo() {
 	local src=/etc/apt/sources.list.d/bookworm-backports.sources
