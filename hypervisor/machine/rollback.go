@@ -1,0 +1,395 @@
+package machine
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+	"unsafe"
+
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+
+	"github.com/cube-runtime/cube/hypervisor/kvm"
+	"github.com/cube-runtime/cube/hypervisor/memory"
+	"github.com/cube-runtime/cube/hypervisor/snapshot"
+	"github.com/cube-runtime/cube/hypervisor/virtio/blk"
+)
+
+// RollbackStats says what a rollback cost.
+type RollbackStats struct {
+	Prepare time.Duration // validation, disk copies (VM still running)
+	Frozen  time.Duration // vCPUs parked
+	Total   time.Duration
+	// Memory says how guest memory was brought back; Pages, for
+	// RollbackRewrite, how many dirtied pages were rewritten.
+	Memory string
+	Pages  int64
+}
+
+// How a rollback brings guest memory back.
+const (
+	// RollbackRewrite: the snapshot is the VM's parent (its last snapshot,
+	// restore or rollback), so only the pages written since are read back
+	// from it into the existing mappings.
+	RollbackRewrite = "rewrite-dirty"
+	// RollbackRemap: any other snapshot; its memory files are mapped
+	// copy-on-write over guest RAM.
+	RollbackRemap = "remap"
+)
+
+// Rollback replaces the running VM's whole state (memory, vCPUs, devices,
+// writable disks) with the snapshot's, in place: same process, KVM VM,
+// sockets. Everything that can fail is done before the VM is touched
+// (manifest and state checks, memory files opened, disk copies made under
+// temporary names); during the freeze window the old memory is moved aside
+// rather than dropped and the old state kept, so a failure puts the VM
+// back as it was. Components are the caller's to check.
+func (m *Machine) Rollback(snap *snapshot.Snapshot) (st RollbackStats, err error) {
+	// Not during a snapshot's pre-copy: it reads the memory swapMemory
+	// moves, and relies on the dirty record this clears.
+	m.snapMu.Lock()
+	defer m.snapMu.Unlock()
+	t0 := time.Now()
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("rollback to %s: %w", snap.Dir, err)
+		}
+	}()
+	shape, err := m.Shape()
+	if err != nil {
+		return st, err
+	}
+	man := snap.Manifest
+	if err := man.Check(shape, man.Components); err != nil {
+		return st, err
+	}
+	s, err := m.decodeState(snap.State)
+	if err != nil {
+		return st, err
+	}
+	layers, err := openLayers(snap)
+	if err != nil {
+		return st, err
+	}
+	defer layers.close()
+	// A disk re-pointed (SetDisk) at a file other than the snapshot's: the
+	// rollback would write the snapshot's disk over that file, which belongs
+	// to someone else (another container's rootfs). A disk whose path only
+	// differs because this VM was restored elsewhere is fine.
+	for i, d := range m.disks() {
+		if p, md := d.Path(), man.Shape.Disks[i]; p != d.OpenedPath() && p != md.Source {
+			return st, fmt.Errorf("disk %d (serial %q) was re-pointed at %s, the snapshot had %s; point it back first: %w",
+				i, d.Serial(), p, md.Source, snapshot.ErrMismatch)
+		}
+	}
+	// Disk copies under temporary names beside the live disks.
+	type diskSwap struct {
+		dev  *blk.Device
+		path string
+		tmp  string
+	}
+	var swaps []diskSwap
+	defer func() {
+		for _, d := range swaps {
+			if d.tmp != "" {
+				os.Remove(d.tmp)
+			}
+		}
+	}()
+	for i, d := range m.disks() {
+		md := man.Shape.Disks[i]
+		if md.ReadOnly {
+			continue
+		}
+		tmp, _, err := snapshot.PrepareClone(d.Path(), snap.Path(md.File))
+		if err != nil {
+			return st, fmt.Errorf("disk %d: %w", i, err)
+		}
+		swaps = append(swaps, diskSwap{dev: d, path: d.Path(), tmp: tmp})
+	}
+	st.Prepare = time.Since(t0)
+
+	m.ctl.Lock()
+	defer m.ctl.Unlock()
+	wasRunning, err := m.freezeLocked("rollback")
+	if err != nil {
+		return st, err
+	}
+	tf := time.Now()
+	defer func() {
+		m.thawLocked(wasRunning)
+		st.Frozen = time.Since(tf)
+		st.Total = time.Since(t0)
+	}()
+	// vCPU ioctls wait for KVM_RUN to return, so CPUID is compared only
+	// now that the vCPUs are parked; nothing has been changed yet.
+	for i, c := range m.cpus {
+		cur, err := c.CPU.GetCPUID2()
+		if err != nil {
+			return st, err
+		}
+		if !sameCPUID(cur, cpuidToKVM(s.VCPUs[i].CPUID)) {
+			return st, fmt.Errorf("vcpu %d: snapshot CPUID differs from this VM's: %w", i, snapshot.ErrMismatch)
+		}
+	}
+	for _, d := range swaps {
+		if p := d.dev.Path(); p != d.path {
+			return st, fmt.Errorf("disk %q was re-pointed at %s during the rollback: %w", d.dev.Serial(), p, snapshot.ErrMismatch)
+		}
+	}
+	undo, err := m.captureState()
+	if err != nil {
+		return st, fmt.Errorf("save current state: %w", err)
+	}
+	var restoreMem, dropOld func()
+	if m.isParent(snap) {
+		// The memory differs from the snapshot's only in the pages written
+		// since (KVM's dirty log OR the VMM's record): put those back.
+		st.Memory = RollbackRewrite
+		restoreMem, err = m.rewriteDirtyLocked(layers, &st.Pages)
+		dropOld = func() {}
+	} else {
+		st.Memory = RollbackRemap
+		restoreMem, dropOld, err = m.swapMemory(layers)
+	}
+	if err != nil {
+		return st, err
+	}
+	fail := func(err error) (RollbackStats, error) {
+		restoreMem()
+		if uerr := m.applyState(undo, false); uerr != nil {
+			m.log.WithError(uerr).Error("rollback failed and the previous state could not be fully reloaded")
+			return st, fmt.Errorf("%w (and reloading the previous state: %v)", err, uerr)
+		}
+		return st, err
+	}
+	if err := m.applyState(s, false); err != nil {
+		return fail(err)
+	}
+	// Disks last: rename is atomic, and until here nothing touched them.
+	for i := range swaps {
+		d := &swaps[i]
+		if err := os.Rename(d.tmp, d.path); err != nil {
+			return fail(fmt.Errorf("disk %s: %w", d.path, err))
+		}
+		d.tmp = ""
+		if err := d.dev.ReplaceBacking(); err != nil {
+			// The path holds the snapshot's copy; the device still has the
+			// old inode open, so the guest keeps a consistent disk.
+			return fail(err)
+		}
+	}
+	dropOld()
+	if st.Memory == RollbackRemap {
+		m.snap.fileBacked = true
+	}
+	// The memory now equals the snapshot's: it is the next parent.
+	m.snap.parent = ""
+	if _, err := m.takeDirtyLocked(); err == nil {
+		m.setParentLocked(snap.Dir, snap.State)
+	}
+	m.log.WithFields(logrus.Fields{"dir": snap.Dir, "frozen": time.Since(tf), "memory": st.Memory, "pages": st.Pages}).Info("rolled back")
+	return st, nil
+}
+
+func sameCPUID(a, b []kvm.CPUIDEntry2) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// swapMemory moves each region's current mappings aside (mremap keeps
+// their pages, so undo is another mremap) and maps the snapshot's layers
+// at the same host addresses, so the KVM memslots stay valid (KVM's MMU
+// notifier drops its stale translations). restore puts the old memory
+// back; drop frees it.
+func (m *Machine) swapMemory(l *memLayers) (restore, drop func(), err error) {
+	type moved struct {
+		host, aside uintptr
+		size        int64
+		segs        []int64
+		done        int // segments moved aside
+		newSegs     []int64
+	}
+	var ms []*moved
+	restore = func() {
+		for _, mv := range ms {
+			for j := 0; j+1 < len(mv.segs) && j < mv.done; j++ {
+				a, b := mv.segs[j], mv.segs[j+1]
+				if err := mremapFixed(mv.aside+uintptr(a), mv.host+uintptr(a), b-a); err != nil {
+					m.log.WithError(err).Error("rollback: cannot put guest memory back")
+				}
+			}
+			unmapRaw(mv.aside, mv.size)
+		}
+	}
+	drop = func() {
+		for i, mv := range ms {
+			unmapRaw(mv.aside, mv.size)
+			m.snap.segs[i] = mv.newSegs
+		}
+	}
+	var fileOff int64
+	for i, r := range m.mem.Regions() {
+		if len(m.snap.segs) <= i {
+			m.snap.segs = append(m.snap.segs, []int64{0, int64(r.Size)})
+		}
+		aside, err := unix.Mmap(-1, 0, int(r.Size), unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+		if err != nil {
+			restore()
+			return nil, nil, fmt.Errorf("reserve address space: %w", err)
+		}
+		mv := &moved{host: uintptr(r.HostAddr()), aside: uintptr(unsafe.Pointer(&aside[0])), size: int64(r.Size), segs: m.snap.segs[i]}
+		ms = append(ms, mv)
+		for j := 0; j+1 < len(mv.segs); j++ {
+			a, b := mv.segs[j], mv.segs[j+1]
+			if err := mremapFixed(mv.host+uintptr(a), mv.aside+uintptr(a), b-a); err != nil {
+				restore()
+				return nil, nil, fmt.Errorf("move guest memory aside: %w", err)
+			}
+			mv.done = j + 1
+		}
+		if mv.newSegs, err = l.mapRegion(mv.host, mv.size, fileOff); err != nil {
+			restore()
+			return nil, nil, err
+		}
+		fileOff += int64(r.Size)
+	}
+	return restore, drop, nil
+}
+
+func unmapRaw(addr uintptr, n int64) {
+	unix.Syscall(unix.SYS_MUNMAP, addr, uintptr(n), 0)
+}
+
+func mremapFixed(from, to uintptr, n int64) error {
+	_, _, e := unix.Syscall6(unix.SYS_MREMAP, from, uintptr(n), uintptr(n), unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED, to, 0)
+	if e != 0 {
+		return fmt.Errorf("mremap: %w", e)
+	}
+	return nil
+}
+
+// isParent reports whether snap is the snapshot the VM's memory last equalled
+// with the dirty record complete since: same path and same state payload (a
+// snapshot deleted and another written at its path is not the parent).
+func (m *Machine) isParent(snap *snapshot.Snapshot) bool {
+	abs, err := filepath.Abs(snap.Dir)
+	return err == nil && m.snap.logging && m.snap.parent != "" && abs == m.snap.parent &&
+		sha256.Sum256(snap.State) == m.snap.parentState
+}
+
+// setParentLocked makes the snapshot in dir, whose state payload is state,
+// the VM's parent (isParent); a dir that cannot be made absolute leaves none.
+func (m *Machine) setParentLocked(dir string, state []byte) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		m.snap.parent = ""
+		return
+	}
+	m.snap.parent, m.snap.parentState = abs, sha256.Sum256(state)
+}
+
+// rewriteDirtyLocked puts the snapshot's content back into every page written
+// since the parent snapshot l was taken or last restored, through the existing
+// mappings (no remap; cost grows with the pages dirtied, not with guest size).
+// Ordering: vCPUs parked and transports paused (nothing writes guest memory),
+// and after this, before the vCPUs run, the state is loaded. It takes the
+// dirty record; undo puts the old contents back and marks those pages dirty
+// again in the VMM's record, so the record since the parent stays complete.
+// n is set to the number of pages rewritten.
+func (m *Machine) rewriteDirtyLocked(l *memLayers, n *int64) (undo func(), err error) {
+	dirty, err := m.takeDirtyLocked()
+	if err != nil {
+		// Whatever part of the record was taken is gone: no parent now.
+		m.snap.parent = ""
+		return nil, fmt.Errorf("read dirty log: %w", err)
+	}
+	type saved struct {
+		r    *memory.Region
+		off  int64
+		data []byte
+	}
+	var old []saved
+	undo = func() {
+		for _, s := range old {
+			copy(s.r.Host[s.off:], s.data)
+		}
+		m.markDirtyPages(dirty)
+	}
+	*n = 0
+	err = m.forDirtyRuns(dirty, func(r *memory.Region, fileOff, s, e int64) error {
+		// Split the run where the page's owning layer changes.
+		first := fileOff / memory.PageSize
+		for p := s; p < e; {
+			layer := l.owner(first + p)
+			q := p + 1
+			for q < e && l.owner(first+q) == layer {
+				q++
+			}
+			off, size := p*memory.PageSize, (q-p)*memory.PageSize
+			dst := r.Host[off : off+size]
+			old = append(old, saved{r: r, off: off, data: append([]byte(nil), dst...)})
+			if k, err := l.files[layer].ReadAt(dst, fileOff+off); err != nil || int64(k) != size {
+				return fmt.Errorf("memory layer %d: read %d bytes at %#x: got %d: %v: %w",
+					layer, size, fileOff+off, k, err, snapshot.ErrTruncated)
+			}
+			*n += q - p
+			p = q
+		}
+		return nil
+	})
+	if err != nil {
+		undo()
+		return nil, err
+	}
+	return undo, nil
+}
+
+// owner is the layer holding page p: the last diff layer whose bitmap has it,
+// else the base.
+func (l *memLayers) owner(p int64) int {
+	for i := len(l.files) - 1; i >= 1; i-- {
+		if bm := l.bitmaps[i]; p/64 < int64(len(bm)) && bm[p/64]&(1<<(p%64)) != 0 {
+			return i
+		}
+	}
+	return 0
+}
+
+// markDirtyPages adds a bitmap over the regions back to back (as
+// takeDirtyLocked returns it) to the VMM's dirty record.
+func (m *Machine) markDirtyPages(dirty []uint64) {
+	m.forDirtyRuns(dirty, func(r *memory.Region, _, s, e int64) error {
+		m.mem.MarkDirty(r.GPA+uint64(s)*memory.PageSize, uint64(e-s)*memory.PageSize)
+		return nil
+	})
+}
+
+// forDirtyRuns calls f for each run [s, e) of pages set in dirty, a bitmap
+// over the regions back to back (as takeDirtyLocked returns it), with the
+// region holding the run, that region's offset in the memory file (its pages
+// before it) and s, e counted from the region's first page; it stops at f's
+// first error.
+func (m *Machine) forDirtyRuns(dirty []uint64, f func(r *memory.Region, fileOff, s, e int64) error) error {
+	var fileOff int64
+	for _, r := range m.mem.Regions() {
+		// Regions are whole MiB: each one's bits fill whole words.
+		first, pages := fileOff/memory.PageSize, int64(r.Size)/memory.PageSize
+		for _, run := range snapshot.Runs(dirty[first/64:(first+pages)/64], pages) {
+			if err := f(r, fileOff, run[0], run[1]); err != nil {
+				return err
+			}
+		}
+		fileOff += int64(r.Size)
+	}
+	return nil
+}
