@@ -42,8 +42,7 @@ const (
 // Rollback replaces the running VM's whole state (memory, vCPUs, devices,
 // writable disks) with the snapshot's, in place: same process, KVM VM,
 // sockets. Everything that can fail is done before the VM is touched
-// (manifest and state checks, memory files opened, disk copies made under
-// temporary names); during the freeze window the old memory is moved aside
+// (prepareRollback); during the freeze window the old memory is moved aside
 // rather than dropped and the old state kept, so a failure puts the VM
 // back as it was. Components are the caller's to check.
 func (m *Machine) Rollback(snap *snapshot.Snapshot) (st RollbackStats, err error) {
@@ -57,58 +56,11 @@ func (m *Machine) Rollback(snap *snapshot.Snapshot) (st RollbackStats, err error
 			err = fmt.Errorf("rollback to %s: %w", snap.Dir, err)
 		}
 	}()
-	shape, err := m.Shape()
+	p, err := m.prepareRollback(snap)
 	if err != nil {
 		return st, err
 	}
-	man := snap.Manifest
-	if err := man.Check(shape, man.Components); err != nil {
-		return st, err
-	}
-	s, err := m.decodeState(snap.State)
-	if err != nil {
-		return st, err
-	}
-	layers, err := openLayers(snap)
-	if err != nil {
-		return st, err
-	}
-	defer layers.close()
-	// A disk re-pointed (SetDisk) at a file other than the snapshot's: the
-	// rollback would write the snapshot's disk over that file, which belongs
-	// to someone else (another container's rootfs). A disk whose path only
-	// differs because this VM was restored elsewhere is fine.
-	for i, d := range m.disks() {
-		if p, md := d.Path(), man.Shape.Disks[i]; p != d.OpenedPath() && p != md.Source {
-			return st, fmt.Errorf("disk %d (serial %q) was re-pointed at %s, the snapshot had %s; point it back first: %w",
-				i, d.Serial(), p, md.Source, snapshot.ErrMismatch)
-		}
-	}
-	// Disk copies under temporary names beside the live disks.
-	type diskSwap struct {
-		dev  *blk.Device
-		path string
-		tmp  string
-	}
-	var swaps []diskSwap
-	defer func() {
-		for _, d := range swaps {
-			if d.tmp != "" {
-				os.Remove(d.tmp)
-			}
-		}
-	}()
-	for i, d := range m.disks() {
-		md := man.Shape.Disks[i]
-		if md.ReadOnly {
-			continue
-		}
-		tmp, _, err := snapshot.PrepareClone(d.Path(), snap.Path(md.File))
-		if err != nil {
-			return st, fmt.Errorf("disk %d: %w", i, err)
-		}
-		swaps = append(swaps, diskSwap{dev: d, path: d.Path(), tmp: tmp})
-	}
+	defer p.close()
 	st.Prepare = time.Since(t0)
 
 	m.ctl.Lock()
@@ -123,54 +75,119 @@ func (m *Machine) Rollback(snap *snapshot.Snapshot) (st RollbackStats, err error
 		st.Frozen = time.Since(tf)
 		st.Total = time.Since(t0)
 	}()
-	// vCPU ioctls wait for KVM_RUN to return, so CPUID is compared only
-	// now that the vCPUs are parked; nothing has been changed yet.
-	for i, c := range m.cpus {
-		cur, err := c.CPU.GetCPUID2()
-		if err != nil {
-			return st, err
-		}
-		if !sameCPUID(cur, cpuidToKVM(s.VCPUs[i].CPUID)) {
-			return st, fmt.Errorf("vcpu %d: snapshot CPUID differs from this VM's: %w", i, snapshot.ErrMismatch)
+	if err := m.rollbackLocked(snap, p, &st); err != nil {
+		return st, err
+	}
+	m.log.WithFields(logrus.Fields{"dir": snap.Dir, "frozen": time.Since(tf), "memory": st.Memory, "pages": st.Pages}).Info("rolled back")
+	return st, nil
+}
+
+// rollbackPlan is what a rollback prepares while the VM still runs.
+type rollbackPlan struct {
+	state  *snapshot.State // decoded and checked against the VM
+	layers *memLayers      // the snapshot's memory files, open
+	swaps  []diskSwap      // writable disks, in order
+}
+
+// diskSwap is a writable disk and the snapshot's copy of it under a
+// temporary name beside it; tmp is "" once renamed over path.
+type diskSwap struct {
+	dev  *blk.Device
+	path string
+	tmp  string
+}
+
+// close removes the disk copies not renamed into place and closes the
+// memory files (mappings made from them stay valid).
+func (p *rollbackPlan) close() {
+	for _, d := range p.swaps {
+		if d.tmp != "" {
+			os.Remove(d.tmp)
 		}
 	}
-	for _, d := range swaps {
-		if p := d.dev.Path(); p != d.path {
-			return st, fmt.Errorf("disk %q was re-pointed at %s during the rollback: %w", d.dev.Serial(), p, snapshot.ErrMismatch)
+	p.layers.close()
+}
+
+// prepareRollback checks snap against the VM (shape, state, disks) and makes
+// what the freeze window needs: the state decoded, the memory files open,
+// the disk copies made under temporary names beside the live disks. The VM
+// is not touched; on failure nothing it made remains.
+func (m *Machine) prepareRollback(snap *snapshot.Snapshot) (_ *rollbackPlan, err error) {
+	shape, err := m.Shape()
+	if err != nil {
+		return nil, err
+	}
+	man := snap.Manifest
+	if err := man.Check(shape, man.Components); err != nil {
+		return nil, err
+	}
+	s, err := m.decodeState(snap.State)
+	if err != nil {
+		return nil, err
+	}
+	// A disk re-pointed (SetDisk) at a file other than the snapshot's: the
+	// rollback would write the snapshot's disk over that file, which belongs
+	// to someone else (another container's rootfs). A disk whose path only
+	// differs because this VM was restored elsewhere is fine.
+	for i, d := range m.disks() {
+		if p, md := d.Path(), man.Shape.Disks[i]; p != d.OpenedPath() && p != md.Source {
+			return nil, fmt.Errorf("disk %d (serial %q) was re-pointed at %s, the snapshot had %s; point it back first: %w",
+				i, d.Serial(), p, md.Source, snapshot.ErrMismatch)
 		}
+	}
+	layers, err := openLayers(snap)
+	if err != nil {
+		return nil, err
+	}
+	p := &rollbackPlan{state: s, layers: layers}
+	defer func() {
+		if err != nil {
+			p.close()
+		}
+	}()
+	for i, d := range m.disks() {
+		md := man.Shape.Disks[i]
+		if md.ReadOnly {
+			continue
+		}
+		tmp, _, err := snapshot.PrepareClone(d.Path(), snap.Path(md.File))
+		if err != nil {
+			return nil, fmt.Errorf("disk %d: %w", i, err)
+		}
+		p.swaps = append(p.swaps, diskSwap{dev: d, path: d.Path(), tmp: tmp})
+	}
+	return p, nil
+}
+
+// rollbackLocked loads the plan into the frozen VM: memory, then state, then
+// disks. A failure puts the VM's memory and state back as they were.
+// Ordering: vCPUs parked and transports paused (freezeLocked), m.ctl held.
+func (m *Machine) rollbackLocked(snap *snapshot.Snapshot, p *rollbackPlan, st *RollbackStats) error {
+	if err := m.checkFrozenLocked(p); err != nil {
+		return err
 	}
 	undo, err := m.captureState()
 	if err != nil {
-		return st, fmt.Errorf("save current state: %w", err)
+		return fmt.Errorf("save current state: %w", err)
 	}
-	var restoreMem, dropOld func()
-	if m.isParent(snap) {
-		// The memory differs from the snapshot's only in the pages written
-		// since (KVM's dirty log OR the VMM's record): put those back.
-		st.Memory = RollbackRewrite
-		restoreMem, err = m.rewriteDirtyLocked(layers, &st.Pages)
-		dropOld = func() {}
-	} else {
-		st.Memory = RollbackRemap
-		restoreMem, dropOld, err = m.swapMemory(layers)
-	}
+	restoreMem, dropOld, err := m.rollbackMemoryLocked(snap, p.layers, st)
 	if err != nil {
-		return st, err
+		return err
 	}
-	fail := func(err error) (RollbackStats, error) {
+	fail := func(err error) error {
 		restoreMem()
 		if uerr := m.applyState(undo, false); uerr != nil {
 			m.log.WithError(uerr).Error("rollback failed and the previous state could not be fully reloaded")
-			return st, fmt.Errorf("%w (and reloading the previous state: %v)", err, uerr)
+			return fmt.Errorf("%w (and reloading the previous state: %v)", err, uerr)
 		}
-		return st, err
+		return err
 	}
-	if err := m.applyState(s, false); err != nil {
+	if err := m.applyState(p.state, false); err != nil {
 		return fail(err)
 	}
 	// Disks last: rename is atomic, and until here nothing touched them.
-	for i := range swaps {
-		d := &swaps[i]
+	for i := range p.swaps {
+		d := &p.swaps[i]
 		if err := os.Rename(d.tmp, d.path); err != nil {
 			return fail(fmt.Errorf("disk %s: %w", d.path, err))
 		}
@@ -190,8 +207,43 @@ func (m *Machine) Rollback(snap *snapshot.Snapshot) (st RollbackStats, err error
 	if _, err := m.takeDirtyLocked(); err == nil {
 		m.setParentLocked(snap.Dir, snap.State)
 	}
-	m.log.WithFields(logrus.Fields{"dir": snap.Dir, "frozen": time.Since(tf), "memory": st.Memory, "pages": st.Pages}).Info("rolled back")
-	return st, nil
+	return nil
+}
+
+// checkFrozenLocked makes the checks that need the vCPUs parked; nothing
+// has been changed yet.
+func (m *Machine) checkFrozenLocked(p *rollbackPlan) error {
+	// vCPU ioctls wait for KVM_RUN to return, so CPUID is compared only
+	// now that the vCPUs are parked.
+	for i, c := range m.cpus {
+		cur, err := c.CPU.GetCPUID2()
+		if err != nil {
+			return err
+		}
+		if !sameCPUID(cur, cpuidToKVM(p.state.VCPUs[i].CPUID)) {
+			return fmt.Errorf("vcpu %d: snapshot CPUID differs from this VM's: %w", i, snapshot.ErrMismatch)
+		}
+	}
+	for _, d := range p.swaps {
+		if path := d.dev.Path(); path != d.path {
+			return fmt.Errorf("disk %q was re-pointed at %s during the rollback: %w", d.dev.Serial(), path, snapshot.ErrMismatch)
+		}
+	}
+	return nil
+}
+
+// rollbackMemoryLocked brings the snapshot's memory back (st.Memory says
+// how); restore puts the old memory back, drop frees it.
+func (m *Machine) rollbackMemoryLocked(snap *snapshot.Snapshot, l *memLayers, st *RollbackStats) (restore, drop func(), err error) {
+	if m.isParent(snap) {
+		// The memory differs from the snapshot's only in the pages written
+		// since (KVM's dirty log OR the VMM's record): put those back.
+		st.Memory = RollbackRewrite
+		restore, err = m.rewriteDirtyLocked(l, &st.Pages)
+		return restore, func() {}, err
+	}
+	st.Memory = RollbackRemap
+	return m.swapMemory(l)
 }
 
 func sameCPUID(a, b []kvm.CPUIDEntry2) bool {
