@@ -189,7 +189,7 @@ type Machine struct {
 }
 
 // New builds the VM: everything but running it.
-func New(cfg Config) (m *Machine, err error) {
+func New(cfg Config) (_ *Machine, err error) {
 	t0 := time.Now()
 	cfg.Defaults()
 	if err := cfg.Validate(); err != nil {
@@ -216,7 +216,9 @@ func New(cfg Config) (m *Machine, err error) {
 		defer unmapI()
 	}
 
-	m = &Machine{cfg: cfg, log: cfg.Log, done: make(chan struct{})}
+	// Not the named result: every "return nil, err" below would set that
+	// to nil before this deferred release runs.
+	m := &Machine{cfg: cfg, log: cfg.Log, done: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			m.release()
@@ -244,8 +246,23 @@ func New(cfg Config) (m *Machine, err error) {
 		return nil, err
 	}
 
+	loaded, err := m.loadBoot(ram, kernel, initrd)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.addBootVCPUs(loaded); err != nil {
+		return nil, err
+	}
+	m.log.WithFields(logrus.Fields{"memory_mib": cfg.MemoryMiB, "vcpus": cfg.VCPUs, "entry": fmt.Sprintf("%#x", loaded.Entry),
+		"initrd": fmt.Sprintf("%#x+%d", loaded.InitrdAddr, len(initrd)), "took": time.Since(t0).String()}).Debug("machine built")
+	return m, nil
+}
+
+// loadBoot writes the ACPI tables, the reset stub and the boot image
+// (kernel, command line, initrd, zero page) into guest memory.
+func (m *Machine) loadBoot(ram []memory.Range, kernel *boot.Kernel, initrd []byte) (*boot.Loaded, error) {
 	tables, err := acpi.Build(acpi.Config{
-		Base: boot.ACPIAddr, CPUs: cfg.VCPUs,
+		Base: boot.ACPIAddr, CPUs: m.cfg.VCPUs,
 		SleepPort: pm.SleepPort, ResetPort: pm.ResetPort, ResetValue: pm.ResetValue,
 		PCI:    &acpi.PCIWindows{MMIO32Base: PCIMMIO32Base, MMIO32Size: PCIMMIO32Size, MMIO64Base: m.pci64, MMIO64Size: PCIMMIO64Size},
 		Serial: []acpi.SerialPort{{Base: serial.COM1Base, GSI: serial.COM1IRQ}},
@@ -262,32 +279,31 @@ func New(cfg Config) (m *Machine, err error) {
 	if _, err = m.mem.WriteAt(boot.ResetStub(pm.ResetPort, pm.ResetValue), boot.ResetVector); err != nil {
 		return nil, fmt.Errorf("write reset stub: %w", err)
 	}
-	loaded, err := boot.Setup(m.mem, ram, boot.Image{Kernel: kernel, Cmdline: cfg.Cmdline, Initrd: initrd, RSDPAddr: boot.ACPIAddr})
-	if err != nil {
-		return nil, err
-	}
+	return boot.Setup(m.mem, ram, boot.Image{Kernel: kernel, Cmdline: m.cfg.Cmdline, Initrd: initrd, RSDPAddr: boot.ACPIAddr})
+}
 
+// addBootVCPUs creates the vCPUs, configured for the loaded kernel: the
+// boot processor at its entry point, the others waiting for INIT/SIPI.
+func (m *Machine) addBootVCPUs(loaded *boot.Loaded) error {
 	supported, err := m.sys.SupportedCPUID()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	for i := 0; i < cfg.VCPUs; i++ {
+	for i := 0; i < m.cfg.VCPUs; i++ {
 		c, err := m.vm.CreateVCPU(i)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		v := vcpu.New(c, &m.pio, &m.mmio)
 		if m.log.Logger.IsLevelEnabled(logrus.TraceLevel) {
 			v.Unclaimed = m.logUnclaimed
 		}
 		m.cpus = append(m.cpus, v)
-		if err := boot.ConfigureVCPU(c, supported, cfg.VCPUs, loaded.Entry, loaded.ZeroPage); err != nil {
-			return nil, err
+		if err := boot.ConfigureVCPU(c, supported, m.cfg.VCPUs, loaded.Entry, loaded.ZeroPage); err != nil {
+			return err
 		}
 	}
-	m.log.WithFields(logrus.Fields{"memory_mib": cfg.MemoryMiB, "vcpus": cfg.VCPUs, "entry": fmt.Sprintf("%#x", loaded.Entry),
-		"initrd": fmt.Sprintf("%#x+%d", loaded.InitrdAddr, len(initrd)), "took": time.Since(t0).String()}).Debug("machine built")
-	return m, nil
+	return nil
 }
 
 // loadKernel parses the kernel image, decompressing a bzImage on the host
