@@ -3,7 +3,6 @@ package machine
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"sort"
 	"time"
 
@@ -22,23 +21,43 @@ type memLayers struct {
 	bitmaps [][]uint64 // nil for the base layer
 }
 
+// openLayers opens the snapshot's memory layers and reads their bitmaps,
+// checking each file's size against the manifest again: a mapping reaching
+// past the end of its file would fault (SIGBUS) where the guest touches it.
 func openLayers(snap *snapshot.Snapshot) (*memLayers, error) {
 	l := &memLayers{}
 	for i, ml := range snap.Manifest.Memory {
-		f, err := os.Open(filepath.Join(snap.Dir, ml.File))
+		f, err := openLayer(snap, ml)
+		var bm []uint64
+		if err == nil {
+			if bm, err = snap.Bitmap(i); err != nil {
+				f.Close()
+			}
+		}
 		if err != nil {
 			l.close()
 			return nil, fmt.Errorf("memory layer %d: %w", i, err)
 		}
-		l.files = append(l.files, f)
-		bm, err := snap.Bitmap(i)
-		if err != nil {
-			l.close()
-			return nil, fmt.Errorf("memory layer %d: %w", i, err)
-		}
-		l.bitmaps = append(l.bitmaps, bm)
+		l.files, l.bitmaps = append(l.files, f), append(l.bitmaps, bm)
 	}
 	return l, nil
+}
+
+// openLayer opens one memory layer file and checks its size.
+func openLayer(snap *snapshot.Snapshot, ml snapshot.MemoryLayer) (*os.File, error) {
+	f, err := os.Open(snap.Path(ml.File))
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err == nil && fi.Size() != ml.Size {
+		err = fmt.Errorf("%s is %d bytes, manifest says %d: %w", ml.File, fi.Size(), ml.Size, snapshot.ErrTruncated)
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // close closes the files; the mappings made from them stay valid.
@@ -97,32 +116,37 @@ func mapFixed(addr uintptr, n int64, f *os.File, off int64) error {
 // state loaded. attach must add the same virtio devices, in the same
 // order, as the snapshotted VM had (disks on working copies of the
 // snapshot's disk copies). Start the result with StartRestored.
-func Restore(snap *snapshot.Snapshot, cfg Config, attach func(*Machine) error) (m *Machine, err error) {
+//
+// Restore owns cfg.Prepared whatever the outcome. On failure nothing it
+// made remains: KVM VM, vCPUs and guest memory are released, the files
+// closed (the devices attach opened are the caller's to close).
+func Restore(snap *snapshot.Snapshot, cfg Config, attach func(*Machine) error) (*Machine, error) {
+	if cfg.Prepared != nil {
+		defer cfg.Prepared.Close() // a no-op once the machine took its VM
+	}
+	m, err := restore(snap, cfg, attach)
+	if err != nil {
+		return nil, fmt.Errorf("restore %s: %w", snap.Dir, err)
+	}
+	return m, nil
+}
+
+func restore(snap *snapshot.Snapshot, cfg Config, attach func(*Machine) error) (*Machine, error) {
 	t0 := time.Now()
 	man := snap.Manifest
 	cfg.MemoryMiB, cfg.VCPUs = man.Shape.MemoryMiB, man.Shape.VCPUs
 	cfg.Defaults()
 	if cfg.MemoryMiB < 64 || cfg.VCPUs < 1 || cfg.VCPUs > 254 {
-		return nil, fmt.Errorf("restore: shape %d MiB, %d vCPUs: %w", cfg.MemoryMiB, cfg.VCPUs, snapshot.ErrCorrupt)
+		return nil, fmt.Errorf("shape %d MiB, %d vCPUs: %w", cfg.MemoryMiB, cfg.VCPUs, snapshot.ErrCorrupt)
 	}
-	m = &Machine{cfg: cfg, log: cfg.Log, done: make(chan struct{}), steps: NewSteps(t0)}
-	defer func() {
-		if err != nil {
-			m.release()
-			err = fmt.Errorf("restore %s: %w", snap.Dir, err)
-		}
-	}()
+	m := &Machine{cfg: cfg, log: cfg.Log, done: make(chan struct{}), steps: NewSteps(t0)}
 	// Decoding the state (JSON) is, in a fresh process under TCG, the
 	// costliest step of a restore; it needs no machine, so it runs beside
 	// the KVM work below on another CPU.
-	type parsed struct {
-		s   *snapshot.State
-		err error
-	}
-	parsing := make(chan parsed, 1) // buffered: an early return leaves no goroutine behind
+	parsing := make(chan parsedState, 1) // buffered: an early return leaves no goroutine behind
 	go func() {
 		s, err := snapshot.DecodePayload(snap.State)
-		parsing <- parsed{s, err}
+		parsing <- parsedState{s, err}
 	}()
 	layers, err := openLayers(snap)
 	if err != nil {
@@ -130,72 +154,101 @@ func Restore(snap *snapshot.Snapshot, cfg Config, attach func(*Machine) error) (
 	}
 	defer layers.close()
 	m.steps.Mark("layers")
-	if err = m.createVM(); err != nil { // marks vm.open, vm.create, vm.irqchip, vm.pit
-		return nil, err
+	err = m.build(layers, attach)
+	if err == nil {
+		err = m.loadState(snap, parsing)
 	}
-	ram := memory.X86Layout(uint64(cfg.MemoryMiB) << 20)
-	if m.mem, err = memory.New(ram, memory.Options{File: layers.files[0], Private: true}); err != nil {
-		return nil, err
-	}
-	m.steps.Mark("mmap")
-	var fileOff int64
-	for i, r := range m.mem.Regions() {
-		if len(layers.files) > 1 {
-			b, err := layers.mapRegion(uintptr(r.HostAddr()), int64(r.Size), fileOff)
-			if err != nil {
-				return nil, err
-			}
-			m.snap.segs = append(m.snap.segs, b)
-		} else {
-			m.snap.segs = append(m.snap.segs, []int64{0, int64(r.Size)})
-		}
-		fileOff += int64(r.Size)
-		// Dirty logging from the start: the snapshot is the parent of the
-		// next incremental one.
-		if err = m.vm.SetUserMemoryRegion(kvm.UserspaceMemoryRegion{
-			Slot: uint32(i), Flags: kvm.MemLogDirtyPages, GuestPhysAddr: r.GPA, MemorySize: r.Size, UserspaceAddr: r.HostAddr(),
-		}); err != nil {
-			return nil, err
-		}
-	}
-	m.steps.Mark("memslots")
-	last := ram[len(ram)-1].End()
-	m.pci64 = (max(last, memory.MMIOHoleEnd) + (1<<30 - 1)) &^ (1<<30 - 1)
-	if err = m.addLegacyDevices(); err != nil {
-		return nil, err
-	}
-	m.steps.Mark("legacy")
-	for i := 0; i < cfg.VCPUs; i++ {
-		c, err := m.vm.CreateVCPU(i)
-		if err != nil {
-			return nil, err
-		}
-		v := vcpu.New(c, &m.pio, &m.mmio)
-		m.cpus = append(m.cpus, v)
-	}
-	m.steps.Mark("vcpus")
-	if attach != nil {
-		if err := attach(m); err != nil {
-			return nil, err
-		}
-	}
-	m.steps.Mark("attach")
-	m.snap.logging, m.snap.fileBacked = true, true
-	m.setParentLocked(snap.Dir, snap.State)
-	p := <-parsing
-	if p.err != nil {
-		return nil, p.err
-	}
-	s := p.s
-	if err := m.checkState(s); err != nil {
-		return nil, err
-	}
-	m.steps.Mark("decode") // the wait for the decode, no longer its whole cost
-	if err := m.applyState(s, true); err != nil {
+	if err != nil {
+		m.release()
 		return nil, err
 	}
 	m.log.WithFields(logrus.Fields{"dir": snap.Dir, "layers": len(layers.files), "took": time.Since(t0), "steps_ms": m.steps.String()}).Info("machine restored")
 	return m, nil
+}
+
+// parsedState is the decoded state payload, or why it did not decode.
+type parsedState struct {
+	s   *snapshot.State
+	err error
+}
+
+// build makes the restored machine's parts, in the order of a boot: KVM VM,
+// memory mapped from the layers, legacy devices, vCPUs, then attach's
+// virtio devices. On error the caller releases what was made.
+func (m *Machine) build(layers *memLayers, attach func(*Machine) error) error {
+	if err := m.createVM(); err != nil { // marks vm.open, vm.create, vm.irqchip, vm.pit
+		return err
+	}
+	ram := memory.X86Layout(uint64(m.cfg.MemoryMiB) << 20)
+	if err := m.mapLayers(ram, layers); err != nil { // marks mmap, memslots
+		return err
+	}
+	last := ram[len(ram)-1].End()
+	m.pci64 = (max(last, memory.MMIOHoleEnd) + (1<<30 - 1)) &^ (1<<30 - 1)
+	if err := m.addLegacyDevices(); err != nil {
+		return err
+	}
+	m.steps.Mark("legacy")
+	for i := 0; i < m.cfg.VCPUs; i++ {
+		c, err := m.vm.CreateVCPU(i)
+		if err != nil {
+			return err
+		}
+		m.cpus = append(m.cpus, vcpu.New(c, &m.pio, &m.mmio))
+	}
+	m.steps.Mark("vcpus")
+	if attach != nil {
+		if err := attach(m); err != nil {
+			return err
+		}
+	}
+	m.steps.Mark("attach")
+	return nil
+}
+
+// mapLayers maps guest RAM from the layers and gives it to KVM, dirty
+// logging on from the start: the snapshot is the parent of the next
+// incremental one.
+func (m *Machine) mapLayers(ram []memory.Range, layers *memLayers) error {
+	var err error
+	if m.mem, err = memory.New(ram, memory.Options{File: layers.files[0], Private: true}); err != nil {
+		return err
+	}
+	m.steps.Mark("mmap")
+	var fileOff int64
+	for i, r := range m.mem.Regions() {
+		segs := []int64{0, int64(r.Size)}
+		if len(layers.files) > 1 {
+			if segs, err = layers.mapRegion(uintptr(r.HostAddr()), int64(r.Size), fileOff); err != nil {
+				return err
+			}
+		}
+		m.snap.segs = append(m.snap.segs, segs)
+		fileOff += int64(r.Size)
+		if err = m.vm.SetUserMemoryRegion(kvm.UserspaceMemoryRegion{
+			Slot: uint32(i), Flags: kvm.MemLogDirtyPages, GuestPhysAddr: r.GPA, MemorySize: r.Size, UserspaceAddr: r.HostAddr(),
+		}); err != nil {
+			return err
+		}
+	}
+	m.steps.Mark("memslots")
+	return nil
+}
+
+// loadState waits for the decoded state, checks it against the built
+// machine and loads it; the snapshot becomes the machine's parent.
+func (m *Machine) loadState(snap *snapshot.Snapshot, parsing <-chan parsedState) error {
+	m.snap.logging, m.snap.fileBacked = true, true
+	m.setParentLocked(snap.Dir, snap.State)
+	p := <-parsing
+	if p.err != nil {
+		return p.err
+	}
+	if err := m.checkState(p.s); err != nil {
+		return err
+	}
+	m.steps.Mark("decode") // the wait for the decode, no longer its whole cost
+	return m.applyState(p.s, true)
 }
 
 // RestoreSteps lists how long each step of Restore and StartRestored took
