@@ -296,6 +296,35 @@ func (m *Machine) checkState(s *snapshot.State) error {
 		if k := kindOf(v.dev); s.Devices[i].Kind != k {
 			return fmt.Errorf("device %d: state is %s, VM has %s: %w", i, s.Devices[i].Kind, k, snapshot.ErrMismatch)
 		}
+		if err := m.checkRings(s.Devices[i].Transport); err != nil {
+			return fmt.Errorf("device %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// checkRings refuses a transport state with a ready queue whose rings are
+// not in guest RAM: a snapshot of a VM with more memory than this one, or
+// a corrupt one. (The transport checks the rest of its state itself.)
+func (m *Machine) checkRings(transport []byte) error {
+	var ts virtio.TransportState
+	if err := snapshot.Load(transport, &ts); err != nil {
+		return fmt.Errorf("transport: %w", err)
+	}
+	for i, q := range ts.Queues {
+		if !q.Ready {
+			continue
+		}
+		n := uint64(q.Size)
+		for _, r := range []struct {
+			name     string
+			gpa, len uint64
+		}{{"descriptor", q.Desc, 16 * n}, {"available", q.Avail, 6 + 2*n}, {"used", q.Used, 6 + 8*n}} {
+			if _, err := m.mem.Slice(r.gpa, r.len); err != nil {
+				return fmt.Errorf("queue %d: %s ring at %#x+%d is not in guest RAM (%d MiB): %w",
+					i, r.name, r.gpa, r.len, m.cfg.MemoryMiB, snapshot.ErrCorrupt)
+			}
+		}
 	}
 	return nil
 }
