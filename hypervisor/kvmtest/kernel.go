@@ -50,3 +50,19 @@ var (
 	// ThenHang halts forever with interrupts off.
 	ThenHang = []byte{0xf4, 0xeb, 0xfd}
 )
+
+// TickerProgram writes ch to COM1 every 4096 turns of a counting loop,
+// forever: a guest whose console output goes on after a snapshot of it is
+// restored. (At CPL0 under PVM a turn costs ~10 µs: ch every few tens of ms.)
+func TickerProgram(ch byte) []byte {
+	return []byte{
+		0x48, 0x31, 0xdb, // xor rbx, rbx
+		0x48, 0xff, 0xc3, // loop: inc rbx
+		0xf7, 0xc3, 0xff, 0x0f, 0x00, 0x00, // test ebx, 0xfff
+		0x75, 0xf5, // jnz loop
+		0x66, 0xba, 0xf8, 0x03, // mov dx, 0x3f8
+		0xb0, ch, // mov al, ch
+		0xee,       // out dx, al
+		0xeb, 0xec, // jmp loop
+	}
+}
