@@ -58,6 +58,9 @@ type restored struct {
 	comps   snapshot.Components
 	dir     string
 	closers []func()
+	// copies are the working copies of the writable disks this restore
+	// made; the VM keeps them, a failed restore removes them (discard).
+	copies []string
 	// steps times the restore (steps_ms on the "restored and running" line).
 	steps *machine.Steps
 }
@@ -68,6 +71,16 @@ func (r *restored) close() {
 		r.closers[i]()
 	}
 	r.closers = nil
+}
+
+// discard is close for a restore that failed: the working disk copies go
+// too (after the VM and its disks are closed), so nothing it made remains.
+func (r *restored) discard() {
+	r.close()
+	for _, p := range r.copies {
+		os.Remove(p)
+	}
+	r.copies = nil
 }
 
 // target is what the control socket controls for the restored VM (its
@@ -82,29 +95,83 @@ func prepareVM(f restoreFlags, log *logrus.Logger) (*machine.PreparedVM, error) 
 }
 
 // restoreVM opens the snapshot in dir and restores it (into prepared, if not
-// nil; it is consumed either way). Nothing it made remains on failure.
+// nil; it is consumed either way). Every error but a usageError (the
+// caller's flags) names the snapshot; after one nothing restoreVM made
+// remains (KVM VM, working disk copies, vsock socket).
 func restoreVM(dir string, f restoreFlags, prepared *machine.PreparedVM, stdout io.Writer, log *logrus.Logger) (_ *restored, err error) {
 	r := &restored{dir: dir, steps: machine.NewSteps(time.Now())}
 	defer func() {
 		if err != nil {
-			r.close()
+			r.discard()
 			if prepared != nil {
 				prepared.Close()
 			}
 		}
 	}()
-	snap, err := snapshot.Open(dir)
+	snap, err := snapshot.Open(dir) // its errors name the snapshot
 	if err != nil {
 		return nil, err
 	}
 	r.steps.Mark("open")
+	cfg, console, err := r.prepare(snap, f, stdout, log)
+	if err != nil {
+		if errors.As(err, new(usageError)) { // the caller's flags: no snapshot to name
+			return nil, err
+		}
+		return nil, fmt.Errorf("snapshot %s: %w", snap.Dir, err)
+	}
+	r.steps.Mark("disks")
+	mc := machine.Config{KVMDevice: cfg.KVMDevice, Log: logrus.NewEntry(log), Prepared: prepared, Console: console}
+	prepared = nil // Restore owns it now
+	m, err := machine.Restore(snap, mc, func(m *machine.Machine) error {
+		closeDevices, err := attachDevices(m, &cfg)
+		r.closers = append(r.closers, closeDevices)
+		return err
+	})
+	if err != nil { // names the snapshot
+		return nil, err
+	}
+	r.closers = append(r.closers, func() { m.Close() })
+	r.m, r.cfg, r.comps = m, cfg, snap.Manifest.Components
+	r.steps.Mark("restore")
+	return r, nil
+}
+
+// prepare does what comes before the machine: the configuration, the log
+// level, the console, then the working disk copies.
+func (r *restored) prepare(snap *snapshot.Snapshot, f restoreFlags, stdout io.Writer, log *logrus.Logger) (Config, io.Writer, error) {
+	cfg, err := restoreConfig(snap, f)
+	if err != nil {
+		return cfg, nil, err
+	}
+	lvl, err := logrus.ParseLevel(cfg.LogLevel)
+	if err != nil {
+		return cfg, nil, usageError{fmt.Errorf("log level: %v", err)}
+	}
+	log.SetLevel(lvl)
+	// The console before the disk copies: the cheap refusals first.
+	console, closeConsole, err := openConsole(cfg.Console, stdout)
+	if err != nil {
+		return cfg, nil, usageError{err}
+	}
+	r.closers = append(r.closers, closeConsole)
+	if err := r.copyDisks(snap, &cfg, f.diskDir); err != nil {
+		return cfg, nil, err
+	}
+	return cfg, console, nil
+}
+
+// restoreConfig is the snapshotted VMM's configuration with the restore's
+// flags applied, checked against the snapshot's manifest (the configuration
+// is what the devices are rebuilt from, the manifest what the machine is).
+func restoreConfig(snap *snapshot.Snapshot, f restoreFlags) (Config, error) {
 	man := snap.Manifest
 	if v := snapshot.VMMVersion(); man.Components.VMMVersion != v {
-		return nil, fmt.Errorf("snapshot was made by %q, this is %q", man.Components.VMMVersion, v)
+		return Config{}, fmt.Errorf("made by %q, this is %q: %w", man.Components.VMMVersion, v, snapshot.ErrMismatch)
 	}
 	cfg := defaults()
 	if err := json.Unmarshal(man.Config, &cfg); err != nil {
-		return nil, fmt.Errorf("snapshot configuration: %v", err)
+		return Config{}, fmt.Errorf("configuration: %v: %w", err, snapshot.ErrCorrupt)
 	}
 	for p, v := range map[*string]string{&cfg.ControlSocket: f.control, &cfg.Vsock: f.vsock, &cfg.Console: f.console,
 		&cfg.LogLevel: f.logLevel, &cfg.KVMDevice: f.kvm} {
@@ -112,13 +179,9 @@ func restoreVM(dir string, f restoreFlags, prepared *machine.PreparedVM, stdout 
 			*p = v
 		}
 	}
-	lvl, err := logrus.ParseLevel(cfg.LogLevel)
-	if err != nil {
-		return nil, usageError{fmt.Errorf("log level: %v", err)}
-	}
-	log.SetLevel(lvl)
-	if len(cfg.Disks) != len(man.Shape.Disks) {
-		return nil, fmt.Errorf("configuration has %d disks, manifest %d", len(cfg.Disks), len(man.Shape.Disks))
+	if s := man.Shape; cfg.MemoryMiB != s.MemoryMiB || cfg.VCPUs != s.VCPUs || len(cfg.Disks) != len(s.Disks) {
+		return Config{}, fmt.Errorf("configuration has %d MiB, %d vCPUs, %d disks, manifest %d MiB, %d vCPUs, %d disks: %w",
+			cfg.MemoryMiB, cfg.VCPUs, len(cfg.Disks), s.MemoryMiB, s.VCPUs, len(s.Disks), snapshot.ErrCorrupt)
 	}
 	// Two writable disks whose files share a name (drives re-pointed by
 	// disk-set at files in different directories) would get one working
@@ -131,63 +194,35 @@ func restoreVM(dir string, f restoreFlags, prepared *machine.PreparedVM, stdout 
 			}
 			b := filepath.Base(d.Path)
 			if j, ok := seen[b]; ok {
-				return nil, fmt.Errorf("disks %d and %d would both be copied to %s in -disk-dir", j, i, b)
+				return Config{}, fmt.Errorf("disks %d and %d would both be copied to %s in -disk-dir", j, i, b)
 			}
 			seen[b] = i
 		}
 	}
-	// Working copies: the snapshot's disk copies are never written.
-	var made []string
-	defer func() {
-		// Only on failure: a restored VM keeps its disks.
-		if err != nil {
-			for _, p := range made {
-				os.Remove(p)
-			}
-		}
-	}()
+	return cfg, nil
+}
+
+// copyDisks makes the working copies of the writable disks (the snapshot's
+// own copies are never written) at their recorded paths, or in diskDir, and
+// points cfg's disks at them; read-only disks must be where they were.
+func (r *restored) copyDisks(snap *snapshot.Snapshot, cfg *Config, diskDir string) error {
 	for i := range cfg.Disks {
-		d, md := &cfg.Disks[i], man.Shape.Disks[i]
+		d, md := &cfg.Disks[i], snap.Manifest.Shape.Disks[i]
 		if md.ReadOnly {
 			if fi, err := os.Stat(d.Path); err != nil || fi.Size() != md.Size {
-				return nil, fmt.Errorf("read-only disk %d (%s) missing or of another size than the snapshot's %d bytes (%v)", i, d.Path, md.Size, err)
+				return fmt.Errorf("read-only disk %d (%s) missing or of another size than the snapshot's %d bytes (%v)", i, d.Path, md.Size, err)
 			}
 			continue
 		}
-		if f.diskDir != "" {
-			d.Path = filepath.Join(f.diskDir, filepath.Base(d.Path))
+		if diskDir != "" {
+			d.Path = filepath.Join(diskDir, filepath.Base(d.Path))
 		}
 		if _, err := snapshot.CloneFile(d.Path, snap.Path(md.File)); err != nil {
-			return nil, fmt.Errorf("disk %d: %v", i, err)
+			return fmt.Errorf("disk %d: %v", i, err)
 		}
-		made = append(made, d.Path)
+		r.copies = append(r.copies, d.Path)
 	}
-	r.steps.Mark("disks")
-	mc := machine.Config{KVMDevice: cfg.KVMDevice, Log: logrus.NewEntry(log), Prepared: prepared}
-	prepared = nil // Restore owns it now
-	switch cfg.Console {
-	case "stdout", "":
-		mc.Console = stdout
-	case "none":
-	default:
-		cf, err := os.OpenFile(cfg.Console, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
-		if err != nil {
-			return nil, usageError{fmt.Errorf("console: %v", err)}
-		}
-		r.closers = append(r.closers, func() { cf.Close() })
-	}
-	m, err := machine.Restore(snap, mc, func(m *machine.Machine) error {
-		closeDevices, err := attachDevices(m, &cfg)
-		r.closers = append(r.closers, closeDevices)
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	r.closers = append(r.closers, func() { m.Close() })
-	r.m, r.cfg, r.comps = m, cfg, man.Components
-	r.steps.Mark("restore")
-	return r, nil
+	return nil
 }
 
 // runRestore is "cube-vmm restore".
@@ -247,6 +282,7 @@ func runRestore(args []string, stdout, stderr io.Writer) int {
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
 	if err := r.m.StartRestored(*paused); err != nil {
+		r.discard()
 		fmt.Fprintf(stderr, "cube-vmm restore: %v\n", err)
 		return ExitFailure
 	}
@@ -255,6 +291,7 @@ func runRestore(args []string, stdout, stderr io.Writer) int {
 	if r.cfg.ControlSocket != "" {
 		srv, err := control.Listen(r.cfg.ControlSocket, r.target())
 		if err != nil {
+			r.discard() // the restore failed: it keeps nothing
 			fmt.Fprintf(stderr, "cube-vmm restore: %v\n", err)
 			return ExitFailure
 		}
@@ -330,10 +367,11 @@ func (s *standby) Restore(dir string, paused bool) (*control.RestoreResult, erro
 			return nil, fmt.Errorf("restore: %w", err)
 		}
 	}
-	r, err := restoreVM(dir, s.flags, prep, s.stdout, s.log)
+	r, err := restoreVM(dir, s.flags, prep, s.stdout, s.log) // its errors name the snapshot
 	if err == nil {
 		if err = r.m.StartRestored(paused); err != nil {
-			r.close()
+			r.discard()
+			err = fmt.Errorf("restore %s: %w", dir, err)
 		}
 	}
 	if err != nil {
@@ -344,7 +382,7 @@ func (s *standby) Restore(dir string, paused bool) (*control.RestoreResult, erro
 			s.log.WithError(perr).Warn("standby: cannot prepare another VM; the next restore op tries again")
 		}
 		s.log.WithError(err).WithField("dir", dir).Error("standby: restore failed; still waiting")
-		return nil, fmt.Errorf("restore %s: %w", dir, err)
+		return nil, err
 	}
 	s.done = true
 	s.srv.SetTarget(r.target())

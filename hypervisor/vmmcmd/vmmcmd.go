@@ -168,58 +168,12 @@ func Run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return ExitUsage
 	}
 	log.SetLevel(lvl)
-
-	mc := machine.Config{
-		KVMDevice: cfg.KVMDevice, Kernel: cfg.Kernel, Initrd: cfg.Initrd, Cmdline: cfg.Cmdline,
-		MemoryMiB: cfg.MemoryMiB, VCPUs: cfg.VCPUs, HugePages: cfg.HugePages, Log: logrus.NewEntry(log),
-		Decompress: cfg.Decompress, KernelCache: cfg.KernelCache,
-	}
-	switch cfg.Console {
-	case "stdout", "":
-		mc.Console = stdout
-	case "none":
-	default:
-		f, err := os.OpenFile(cfg.Console, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
-		if err != nil {
-			fmt.Fprintf(stderr, "cube-vmm: console: %v\n", err)
-			return ExitUsage
-		}
-		defer f.Close()
-		mc.Console = f
-	}
-	switch cfg.ConsoleInput {
-	case "none", "":
-	case "stdin":
-		mc.ConsoleInput = stdin
-	default:
-		fmt.Fprintf(stderr, "cube-vmm: console_input must be none or stdin, not %q\n", cfg.ConsoleInput)
-		return ExitUsage
-	}
-	if err := mc.Validate(); err != nil {
+	mc, closeConsole, err := machineConfig(&cfg, stdin, stdout, log)
+	if err != nil {
 		fmt.Fprintf(stderr, "cube-vmm: %v\n", err)
 		return ExitUsage
 	}
-	if _, err := os.Stat(cfg.Kernel); err != nil {
-		fmt.Fprintf(stderr, "cube-vmm: kernel: %v\n", err)
-		return ExitUsage
-	}
-	if cfg.Initrd != "" {
-		if _, err := os.Stat(cfg.Initrd); err != nil {
-			fmt.Fprintf(stderr, "cube-vmm: initrd: %v\n", err)
-			return ExitUsage
-		}
-	}
-
-	for i, d := range cfg.Disks {
-		if _, err := os.Stat(d.Path); err != nil {
-			fmt.Fprintf(stderr, "cube-vmm: disk %d: %v\n", i, err)
-			return ExitUsage
-		}
-	}
-	if err := uniqueSerials(cfg.Disks); err != nil {
-		fmt.Fprintf(stderr, "cube-vmm: %v\n", err)
-		return ExitUsage
-	}
+	defer closeConsole()
 
 	m, err := machine.New(mc)
 	if err != nil {
@@ -268,6 +222,67 @@ func Run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			"exits_interrupted": info.ExitsKick}).Debug("vm ended")
 	}
 	return exitStatus(exit, stderr)
+}
+
+// machineConfig is the machine configuration of a boot, with the console
+// open (closeConsole closes it). Its errors are the user's (exit 2).
+func machineConfig(cfg *Config, stdin io.Reader, stdout io.Writer, log *logrus.Logger) (_ machine.Config, closeConsole func(), _ error) {
+	mc := machine.Config{
+		KVMDevice: cfg.KVMDevice, Kernel: cfg.Kernel, Initrd: cfg.Initrd, Cmdline: cfg.Cmdline,
+		MemoryMiB: cfg.MemoryMiB, VCPUs: cfg.VCPUs, HugePages: cfg.HugePages, Log: logrus.NewEntry(log),
+		Decompress: cfg.Decompress, KernelCache: cfg.KernelCache,
+	}
+	switch cfg.ConsoleInput {
+	case "none", "":
+	case "stdin":
+		mc.ConsoleInput = stdin
+	default:
+		return mc, nil, fmt.Errorf("console_input must be none or stdin, not %q", cfg.ConsoleInput)
+	}
+	if err := mc.Validate(); err != nil {
+		return mc, nil, err
+	}
+	if _, err := os.Stat(cfg.Kernel); err != nil {
+		return mc, nil, fmt.Errorf("kernel: %v", err)
+	}
+	if cfg.Initrd != "" {
+		if _, err := os.Stat(cfg.Initrd); err != nil {
+			return mc, nil, fmt.Errorf("initrd: %v", err)
+		}
+	}
+	for i, d := range cfg.Disks {
+		if _, err := os.Stat(d.Path); err != nil {
+			return mc, nil, fmt.Errorf("disk %d: %v", i, err)
+		}
+	}
+	if err := uniqueSerials(cfg.Disks); err != nil {
+		return mc, nil, err
+	}
+	// Last: nothing to close on the refusals above.
+	out, closeConsole, err := openConsole(cfg.Console, stdout)
+	if err != nil {
+		return mc, nil, err
+	}
+	mc.Console = out
+	return mc, closeConsole, nil
+}
+
+// openConsole opens the serial console output named by the console flag
+// (boot and restore alike): "stdout" (or empty) is stdout, "none" discards
+// it (a nil writer), anything else is a file, appended to. closeConsole
+// closes the file.
+func openConsole(spec string, stdout io.Writer) (_ io.Writer, closeConsole func(), _ error) {
+	switch spec {
+	case "stdout", "":
+		return stdout, func() {}, nil
+	case "none":
+		return nil, func() {}, nil
+	}
+	f, err := os.OpenFile(spec, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, nil, fmt.Errorf("console: %v", err)
+	}
+	return f, func() { f.Close() }, nil
 }
 
 // attachDevices puts the configured virtio devices on the machine's PCI bus. The returned function closes
