@@ -98,6 +98,7 @@ fuzz-hypervisor:
 	go test -run '^$$' -fuzz '^FuzzDecodeReply$$' -fuzztime $(FUZZTIME) ./hypervisor/control
 	go test -run '^$$' -fuzz '^FuzzRunDecode$$' -fuzztime $(FUZZTIME) ./hypervisor/kvm
 	go test -run '^$$' -fuzz '^FuzzRegisterAccess$$' -fuzztime $(FUZZTIME) ./hypervisor/devices/serial
+	go test -run '^$$' -fuzz '^FuzzRestore$$' -fuzztime $(FUZZTIME) ./hypervisor/machine
 # <<< hypervisor
 
 # ---- guest agent (issue 4) — begin ----------------------------------------
