@@ -11,20 +11,15 @@ package machine
 import (
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
-	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
 	"github.com/cube-runtime/cube/hypervisor/acpi"
-	"github.com/cube-runtime/cube/hypervisor/boot"
 	"github.com/cube-runtime/cube/hypervisor/bus"
 	"github.com/cube-runtime/cube/hypervisor/devices/i8042"
 	"github.com/cube-runtime/cube/hypervisor/devices/pm"
@@ -256,207 +251,6 @@ func New(cfg Config) (_ *Machine, err error) {
 	m.log.WithFields(logrus.Fields{"memory_mib": cfg.MemoryMiB, "vcpus": cfg.VCPUs, "entry": fmt.Sprintf("%#x", loaded.Entry),
 		"initrd": fmt.Sprintf("%#x+%d", loaded.InitrdAddr, len(initrd)), "took": time.Since(t0).String()}).Debug("machine built")
 	return m, nil
-}
-
-// loadBoot writes the ACPI tables, the reset stub and the boot image
-// (kernel, command line, initrd, zero page) into guest memory.
-func (m *Machine) loadBoot(ram []memory.Range, kernel *boot.Kernel, initrd []byte) (*boot.Loaded, error) {
-	tables, err := acpi.Build(acpi.Config{
-		Base: boot.ACPIAddr, CPUs: m.cfg.VCPUs,
-		SleepPort: pm.SleepPort, ResetPort: pm.ResetPort, ResetValue: pm.ResetValue,
-		PCI:    &acpi.PCIWindows{MMIO32Base: PCIMMIO32Base, MMIO32Size: PCIMMIO32Size, MMIO64Base: m.pci64, MMIO64Size: PCIMMIO64Size},
-		Serial: []acpi.SerialPort{{Base: serial.COM1Base, GSI: serial.COM1IRQ}},
-	})
-	if err != nil {
-		return nil, err
-	}
-	if len(tables) > boot.ACPIEnd-boot.ACPIAddr {
-		return nil, fmt.Errorf("ACPI tables of %d bytes overflow the BIOS area", len(tables))
-	}
-	if _, err = m.mem.WriteAt(tables, boot.ACPIAddr); err != nil {
-		return nil, fmt.Errorf("write ACPI tables: %w", err)
-	}
-	if _, err = m.mem.WriteAt(boot.ResetStub(pm.ResetPort, pm.ResetValue), boot.ResetVector); err != nil {
-		return nil, fmt.Errorf("write reset stub: %w", err)
-	}
-	return boot.Setup(m.mem, ram, boot.Image{Kernel: kernel, Cmdline: m.cfg.Cmdline, Initrd: initrd, RSDPAddr: boot.ACPIAddr})
-}
-
-// addBootVCPUs creates the vCPUs, configured for the loaded kernel: the
-// boot processor at its entry point, the others waiting for INIT/SIPI.
-func (m *Machine) addBootVCPUs(loaded *boot.Loaded) error {
-	supported, err := m.sys.SupportedCPUID()
-	if err != nil {
-		return err
-	}
-	for i := 0; i < m.cfg.VCPUs; i++ {
-		c, err := m.vm.CreateVCPU(i)
-		if err != nil {
-			return err
-		}
-		v := vcpu.New(c, &m.pio, &m.mmio)
-		if m.log.Logger.IsLevelEnabled(logrus.TraceLevel) {
-			v.Unclaimed = m.logUnclaimed
-		}
-		m.cpus = append(m.cpus, v)
-		if err := boot.ConfigureVCPU(c, supported, m.cfg.VCPUs, loaded.Entry, loaded.ZeroPage); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// loadKernel parses the kernel image, decompressing a bzImage on the host
-// (through the cache) when configured. The returned func releases any
-// cache mapping the kernel's segments point into.
-func loadKernel(cfg Config, img []byte) (*boot.Kernel, func(), error) {
-	nop := func() {}
-	bz, err := boot.ParseBzImage(img)
-	if err != nil || !cfg.Decompress {
-		k, err := boot.LoadKernel(img)
-		return k, nop, err
-	}
-	var cachePath string
-	if cfg.KernelCache != "" {
-		if fi, err := os.Stat(cfg.Kernel); err == nil {
-			var ino uint64
-			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-				ino = st.Ino
-			}
-			h := fnv.New64a()
-			fmt.Fprintf(h, "%s\x00%d\x00%d\x00%d", cfg.Kernel, fi.Size(), fi.ModTime().UnixNano(), ino)
-			cachePath = filepath.Join(cfg.KernelCache, fmt.Sprintf("vmlinux-%016x", h.Sum64()))
-			if elfImg, unmap, err := mapFile(cachePath); err == nil {
-				if k, err := boot.WithSetupOf(elfImg, bz); err == nil {
-					cfg.Log.WithField("cache", cachePath).Debug("kernel from cache")
-					return k, unmap, nil
-				}
-				unmap()
-			}
-		}
-	}
-	k, elfImg, err := boot.DecompressBzImageELF(img)
-	if err != nil {
-		// The guest can always decompress itself.
-		cfg.Log.WithError(err).Debug("host-side kernel decompression unavailable")
-		k, err := boot.LoadKernel(img)
-		return k, nop, err
-	}
-	if cachePath != "" {
-		// Write-then-rename, so concurrent VMMs never map a partial file.
-		if err := os.MkdirAll(cfg.KernelCache, 0o755); err == nil {
-			tmp := fmt.Sprintf("%s.%d.tmp", cachePath, os.Getpid())
-			if err := os.WriteFile(tmp, elfImg, 0o644); err == nil {
-				if err := os.Rename(tmp, cachePath); err != nil {
-					os.Remove(tmp)
-				}
-			}
-		}
-	}
-	return k, nop, nil
-}
-
-// mapFile maps a whole file read-only.
-func mapFile(path string) ([]byte, func(), error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, nil, err
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, nil, fmt.Errorf("%s is not a regular file", path)
-	}
-	if fi.Size() == 0 {
-		return nil, nil, fmt.Errorf("%s is empty", path)
-	}
-	b, err := unix.Mmap(int(f.Fd()), 0, int(fi.Size()), unix.PROT_READ, unix.MAP_PRIVATE)
-	if err != nil {
-		return nil, nil, fmt.Errorf("mmap %s: %w", path, err)
-	}
-	return b, func() { unix.Munmap(b) }, nil
-}
-
-// PreparedVM is a KVM VM with its irqchip and PIT and nothing else: the part
-// of a VM that does not depend on its shape, made before a snapshot to restore
-// is known. It is used once (Config.Prepared) or closed.
-type PreparedVM struct {
-	sys *kvm.System
-	vm  *kvm.VM
-}
-
-// PrepareVM makes a PreparedVM on cfg's KVM device.
-func PrepareVM(cfg Config) (*PreparedVM, error) {
-	cfg.Defaults()
-	m := &Machine{cfg: cfg, log: cfg.Log}
-	if err := m.createVM(); err != nil {
-		m.release()
-		return nil, err
-	}
-	return &PreparedVM{sys: m.sys, vm: m.vm}, nil
-}
-
-// Close releases an unused PreparedVM.
-func (p *PreparedVM) Close() {
-	if p.vm != nil {
-		p.vm.Close()
-	}
-	if p.sys != nil {
-		p.sys.Close()
-	}
-	p.vm, p.sys = nil, nil
-}
-
-// createVM opens KVM, checks the capabilities the machine needs, and creates the VM with its in-kernel
-// irqchip and PIT: the part New and Restore share, before memory and vCPUs. A prepared VM is taken as is.
-func (m *Machine) createVM() (err error) {
-	if p := m.cfg.Prepared; p != nil {
-		if p.vm == nil {
-			return errors.New("prepared VM already used or closed")
-		}
-		m.sys, m.vm = p.sys, p.vm
-		p.sys, p.vm = nil, nil // owned by the machine now
-		return nil
-	}
-	if m.sys, err = kvm.Open(m.cfg.KVMDevice); err != nil {
-		return err
-	}
-	for _, c := range []int{kvm.CapIRQChip, kvm.CapUserMemory, kvm.CapPIT2, kvm.CapIRQFD, kvm.CapIOEventFD, kvm.CapImmediateExit} {
-		if n, err := m.sys.CheckExtension(c); err != nil || n == 0 {
-			return fmt.Errorf("KVM lacks capability %d (needed)", c)
-		}
-	}
-	m.steps.Mark("vm.open")
-	if m.vm, err = m.sys.CreateVM(); err != nil {
-		return err
-	}
-	m.steps.Mark("vm.create")
-	// Intel VMX needs these two regions outside RAM; AMD ignores them.
-	if err := m.vm.SetTSSAddr(tssAddr); err != nil {
-		m.log.WithError(err).Debug("set TSS address")
-	}
-	if err := m.vm.SetIdentityMapAddr(identityMapAddr); err != nil {
-		m.log.WithError(err).Debug("set identity map address")
-	}
-	// Exception payloads kept apart (as QEMU does): without this, reading
-	// VCPU_EVENTS writes a pending #PF's address into CR2, so a snapshot
-	// whose SREGS were read first saves a stale CR2 beside that #PF. Must
-	// be enabled before any vCPU exists.
-	if n, err := m.sys.CheckExtension(kvm.CapExceptionPayload); err == nil && n > 0 {
-		if err := m.vm.EnableCap(kvm.EnableCap{Cap: kvm.CapExceptionPayload, Args: [4]uint64{1}}); err != nil {
-			m.log.WithError(err).Warn("enable KVM exception payloads")
-		}
-	}
-	// Ordering: the irqchip must exist before any vCPU; the PIT after it.
-	if err = m.vm.CreateIRQChip(); err != nil {
-		return err
-	}
-	m.steps.Mark("vm.irqchip")
-	defer m.steps.Mark("vm.pit")
-	return m.vm.CreatePIT2(kvm.PITSpeakerDummy)
 }
 
 // addLegacyDevices wires the serial console (COM1 on IRQ 4), the i8042
