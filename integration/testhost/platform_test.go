@@ -16,16 +16,16 @@ func TestPlatformDefaultsAndEnv(t *testing.T) {
 	t.Setenv(EnvCPU, "EPYC-Rome,+svm,+npt")
 	t.Setenv(EnvKVMAMD, KVMAMDStock)
 	t.Setenv(EnvSMP, "1")
-	t.Setenv(EnvQEMUVariant, QEMUDebian)
+	t.Setenv(EnvQEMUVariant, QEMUPatched)
 	o := (&Options{}).withDefaults()
-	if o.Platform.CPU != "EPYC-Rome,+svm,+npt" || o.Platform.KVMAMD != KVMAMDStock || o.Platform.QEMU != QEMUDebian || o.CPUs != 1 {
+	if o.Platform.CPU != "EPYC-Rome,+svm,+npt" || o.Platform.KVMAMD != KVMAMDStock || o.Platform.QEMU != QEMUPatched || o.CPUs != 1 {
 		t.Fatalf("from the environment: %+v, %d vCPUs", o.Platform, o.CPUs)
 	}
 	// A field set in code wins over the environment.
 	if p := (Platform{CPU: "EPYC,+svm"}).withDefaults(); p.CPU != "EPYC,+svm" {
 		t.Fatalf("explicit CPU overridden: %q", p.CPU)
 	}
-	if s := o.Platform.String(); !strings.Contains(s, "cpu=EPYC-Rome,+svm,+npt") || !strings.Contains(s, "kvm-amd=stock") || !strings.Contains(s, "qemu=debian") {
+	if s := o.Platform.String(); !strings.Contains(s, "cpu=EPYC-Rome,+svm,+npt") || !strings.Contains(s, "kvm-amd=stock") || !strings.Contains(s, "qemu=patched") {
 		t.Fatalf("String: %q", s)
 	}
 }
