@@ -118,7 +118,7 @@ func (m *Machine) prepareRollback(snap *snapshot.Snapshot) (_ *rollbackPlan, err
 		return nil, err
 	}
 	man := snap.Manifest
-	if err := man.Check(shape, man.Components); err != nil {
+	if err := man.CheckShape(shape); err != nil {
 		return nil, err
 	}
 	s, err := m.decodeState(snap.State)

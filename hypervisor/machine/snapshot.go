@@ -165,79 +165,7 @@ func (m *Machine) Snapshot(dir string, opt SnapshotOptions) (st SnapshotStats, e
 		return st, err
 	}
 	tf := time.Now()
-	payload, err := func() ([]byte, error) {
-		// The shape was read before the freeze: a disk re-pointed since
-		// would be recorded with the wrong backing file.
-		for i, d := range m.disks() {
-			if p := d.Path(); p != shape.Disks[i].Source {
-				return nil, fmt.Errorf("disk %q was re-pointed at %s while the snapshot started; retry", d.Serial(), p)
-			}
-		}
-		s, err := m.captureState()
-		if err != nil {
-			return nil, err
-		}
-		b, err := snapshot.EncodePayload(s)
-		if err != nil {
-			return nil, err
-		}
-		var regions [][]byte
-		for _, r := range m.mem.Regions() {
-			regions = append(regions, r.Host)
-		}
-		// The next incremental snapshot starts here; if this one fails,
-		// the dirty record is lost, so the parent is forgotten.
-		m.snap.parent = ""
-		if precopied {
-			// Exactly the pages written since the pre-copy cleared the
-			// record (the pending ones were read by the pre-copy).
-			m.snap.pending = nil
-			dirty, err := m.collectDirtyLocked()
-			if err != nil {
-				return nil, err
-			}
-			n, err := snapshot.RewritePages(memFile, regions, dirty)
-			st.MemoryBytes += n
-			st.RecopiedBytes = n
-			if err != nil {
-				return nil, err
-			}
-		} else {
-			dirty, err := m.takeDirtyLocked()
-			if err != nil {
-				return nil, err
-			}
-			if err := m.enableDirtyLogLocked(); err != nil {
-				return nil, err
-			}
-			if opt.Incremental {
-				st.MemoryBytes, err = w.WriteDiffLayer(memFile, regions, dirty)
-			} else {
-				st.MemoryBytes, err = m.writeFull(memFile, regions, m.snap.fileBacked)
-			}
-			if err != nil {
-				return nil, err
-			}
-		}
-		if testHookFrozen != nil {
-			testHookFrozen()
-		}
-		st.Reflinked = true
-		for i, d := range shape.Disks {
-			if d.ReadOnly {
-				continue
-			}
-			name := snapshot.DiskName(i)
-			n, ref, err := w.CloneDisk(d.Source, name)
-			if err != nil {
-				return nil, fmt.Errorf("disk %d: %w", i, err)
-			}
-			shape.Disks[i].File, shape.Disks[i].Size = name, n
-			st.DiskBytes += n
-			st.Reflinked = st.Reflinked && ref
-		}
-		return b, nil
-	}()
+	payload, err := m.snapshotFrozenLocked(w, memFile, &shape, precopied, opt.Incremental, &st)
 	m.thawLocked(wasRunning)
 	st.Frozen = time.Since(tf)
 	m.ctl.Unlock()
@@ -261,6 +189,102 @@ func (m *Machine) Snapshot(dir string, opt SnapshotOptions) (st SnapshotStats, e
 	m.log.WithFields(logrus.Fields{"dir": dir, "frozen": st.Frozen, "total": st.Total, "precopy": st.Precopy,
 		"memory_bytes": st.MemoryBytes, "recopied_bytes": st.RecopiedBytes, "reflinked": st.Reflinked}).Info("snapshot written")
 	return st, nil
+}
+
+// snapshotFrozenLocked is Snapshot's freeze window: it captures the vCPU, VM
+// and device state, writes guest memory into memFile (the pages dirtied since
+// the pre-copy when precopied, else a diff layer when incremental, else all
+// of it) and copies the writable disks into w, recording each copy's file and
+// size in shape. It returns the encoded state payload and adds what it wrote
+// to st.
+//
+// Ordering: vCPUs parked and transports paused (freezeLocked), m.ctl held,
+// so nothing writes guest memory or the disks while they are read; the
+// caller thaws the VM whatever this returns. Within it:
+//   - the disks are checked against shape first: shape was read before the
+//     freeze, and a disk re-pointed since would be recorded with the wrong
+//     backing file;
+//   - the parent is forgotten before the dirty record is taken: taking it
+//     consumes it, so every failure from there on must leave no parent for
+//     an incremental snapshot to build on;
+//   - after a pre-copy, pending is dropped and the record collected (the
+//     pre-copy read those pages); otherwise the record is taken and dirty
+//     logging turned on; either way inside the window, so the next
+//     incremental snapshot's record starts exactly at this one;
+//   - the disks are copied in the window too: with the transports paused no
+//     block request is in progress, so the copies match memory and state.
+func (m *Machine) snapshotFrozenLocked(w *snapshot.Writer, memFile *os.File, shape *snapshot.Shape, precopied, incremental bool, st *SnapshotStats) ([]byte, error) {
+	// The shape was read before the freeze: a disk re-pointed since
+	// would be recorded with the wrong backing file.
+	for i, d := range m.disks() {
+		if p := d.Path(); p != shape.Disks[i].Source {
+			return nil, fmt.Errorf("disk %q was re-pointed at %s while the snapshot started; retry", d.Serial(), p)
+		}
+	}
+	s, err := m.captureState()
+	if err != nil {
+		return nil, err
+	}
+	b, err := snapshot.EncodePayload(s)
+	if err != nil {
+		return nil, err
+	}
+	var regions [][]byte
+	for _, r := range m.mem.Regions() {
+		regions = append(regions, r.Host)
+	}
+	// The next incremental snapshot starts here; if this one fails,
+	// the dirty record is lost, so the parent is forgotten.
+	m.snap.parent = ""
+	if precopied {
+		// Exactly the pages written since the pre-copy cleared the
+		// record (the pending ones were read by the pre-copy).
+		m.snap.pending = nil
+		dirty, err := m.collectDirtyLocked()
+		if err != nil {
+			return nil, err
+		}
+		n, err := snapshot.RewritePages(memFile, regions, dirty)
+		st.MemoryBytes += n
+		st.RecopiedBytes = n
+		if err != nil {
+			return nil, err
+		}
+	} else {
+		dirty, err := m.takeDirtyLocked()
+		if err != nil {
+			return nil, err
+		}
+		if err := m.enableDirtyLogLocked(); err != nil {
+			return nil, err
+		}
+		if incremental {
+			st.MemoryBytes, err = w.WriteDiffLayer(memFile, regions, dirty)
+		} else {
+			st.MemoryBytes, err = m.writeFull(memFile, regions, m.snap.fileBacked)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	if testHookFrozen != nil {
+		testHookFrozen()
+	}
+	st.Reflinked = true
+	for i, d := range shape.Disks {
+		if d.ReadOnly {
+			continue
+		}
+		name := snapshot.DiskName(i)
+		n, ref, err := w.CloneDisk(d.Source, name)
+		if err != nil {
+			return nil, fmt.Errorf("disk %d: %w", i, err)
+		}
+		shape.Disks[i].File, shape.Disks[i].Size = name, n
+		st.DiskBytes += n
+		st.Reflinked = st.Reflinked && ref
+	}
+	return b, nil
 }
 
 // writeFull writes a full memory layer. Anonymous guest memory (a VM booted

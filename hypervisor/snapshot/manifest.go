@@ -25,7 +25,8 @@ func DiskName(i int) string { return fmt.Sprintf("disk-%d.img", i) }
 const maxManifest = 1 << 20
 
 // ErrVersion, ErrChecksum, ErrTruncated and ErrMismatch classify refusals
-// (errors.Is works on the detailed errors Open and Check return).
+// (errors.Is works on the detailed errors Open, CheckShape and CheckComponents
+// return).
 var (
 	ErrVersion   = errors.New("unsupported snapshot format version")
 	ErrChecksum  = errors.New("snapshot checksum mismatch")
@@ -197,31 +198,44 @@ func layerName(n string) error {
 	return fmt.Errorf("layer file %q: %w", n, ErrCorrupt)
 }
 
-// Check refuses a snapshot whose shape or components differ from want.
-// Disk sizes and files are compared; the disk Source paths are not.
-func (m *Manifest) Check(shape Shape, comp Components) error {
+// A manifest is checked in two parts. In itself (file names, bounds, layer
+// sizes against its own shape): ParseManifest does it, so every manifest Open
+// returns is consistent. Against the VM it is meant for: CheckShape and
+// CheckComponents, each given what one caller alone knows (machine.Rollback
+// the running VM's shape, cube-vmm the components it runs).
+
+// CheckShape refuses a snapshot whose shape differs from the VM's: vCPUs,
+// memory, and each disk's kind, serial and size in PCI order. The disk files
+// and Source paths are not compared (restore may put the copies elsewhere).
+func (m *Manifest) CheckShape(vm Shape) error {
 	s := m.Shape
-	if s.VCPUs != shape.VCPUs {
-		return fmt.Errorf("snapshot has %d vCPUs, VM has %d: %w", s.VCPUs, shape.VCPUs, ErrMismatch)
+	if s.VCPUs != vm.VCPUs {
+		return fmt.Errorf("snapshot has %d vCPUs, VM has %d: %w", s.VCPUs, vm.VCPUs, ErrMismatch)
 	}
-	if s.MemoryMiB != shape.MemoryMiB {
-		return fmt.Errorf("snapshot has %d MiB memory, VM has %d: %w", s.MemoryMiB, shape.MemoryMiB, ErrMismatch)
+	if s.MemoryMiB != vm.MemoryMiB {
+		return fmt.Errorf("snapshot has %d MiB memory, VM has %d: %w", s.MemoryMiB, vm.MemoryMiB, ErrMismatch)
 	}
-	if len(s.Disks) != len(shape.Disks) {
-		return fmt.Errorf("snapshot has %d disks, VM has %d: %w", len(s.Disks), len(shape.Disks), ErrMismatch)
+	if len(s.Disks) != len(vm.Disks) {
+		return fmt.Errorf("snapshot has %d disks, VM has %d: %w", len(s.Disks), len(vm.Disks), ErrMismatch)
 	}
 	for i, d := range s.Disks {
-		o := shape.Disks[i]
+		o := vm.Disks[i]
 		if d.ReadOnly != o.ReadOnly || d.Serial != o.Serial || d.Size != o.Size {
 			return fmt.Errorf("disk %d: snapshot has %s, VM has %s: %w", i, diskString(d), diskString(o), ErrMismatch)
 		}
 	}
+	return nil
+}
+
+// CheckComponents refuses a snapshot made with other components (kernel,
+// initrd, VMM, agent) than the VM's.
+func (m *Manifest) CheckComponents(vm Components) error {
 	c := m.Components
 	for _, f := range []struct{ name, a, b string }{
-		{"kernel sha256", c.KernelSHA256, comp.KernelSHA256},
-		{"initrd sha256", c.InitrdSHA256, comp.InitrdSHA256},
-		{"VMM version", c.VMMVersion, comp.VMMVersion},
-		{"agent version", c.AgentVersion, comp.AgentVersion},
+		{"kernel sha256", c.KernelSHA256, vm.KernelSHA256},
+		{"initrd sha256", c.InitrdSHA256, vm.InitrdSHA256},
+		{"VMM version", c.VMMVersion, vm.VMMVersion},
+		{"agent version", c.AgentVersion, vm.AgentVersion},
 	} {
 		if f.a != f.b {
 			return fmt.Errorf("%s: snapshot has %q, VM has %q: %w", f.name, f.a, f.b, ErrMismatch)

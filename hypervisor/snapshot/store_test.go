@@ -77,8 +77,11 @@ func TestRoundTrip(t *testing.T) {
 	if !bytes.Equal(got, mem) {
 		t.Error("memory file differs from memory")
 	}
-	if err := s.Manifest.Check(testManifest().Shape, testManifest().Components); err != nil {
+	if err := s.Manifest.CheckShape(testManifest().Shape); err != nil {
 		t.Errorf("check against the same shape: %v", err)
+	}
+	if err := s.Manifest.CheckComponents(testManifest().Components); err != nil {
+		t.Errorf("check against the same components: %v", err)
 	}
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
@@ -178,11 +181,30 @@ func TestCheckMismatch(t *testing.T) {
 	} {
 		s, c := testManifest().Shape, testManifest().Components
 		mod(&s, &c)
-		if err := m.Check(s, c); !errors.Is(err, ErrMismatch) {
+		err := m.CheckShape(s)
+		if err == nil {
+			err = m.CheckComponents(c)
+		}
+		if !errors.Is(err, ErrMismatch) {
 			t.Errorf("%s: %v, want a mismatch", name, err)
 		} else {
 			t.Logf("%s: %v", name, err)
 		}
+	}
+}
+
+// CheckShape compares no disk paths; CheckComponents looks at no shape.
+func TestCheckParts(t *testing.T) {
+	m := testManifest()
+	s := testManifest().Shape
+	s.Disks[1].Source, s.Disks[1].File = "/elsewhere", "other.img"
+	if err := m.CheckShape(s); err != nil {
+		t.Errorf("CheckShape with other disk paths: %v", err)
+	}
+	other := testManifest()
+	other.Shape.VCPUs++
+	if err := other.CheckComponents(m.Components); err != nil {
+		t.Errorf("CheckComponents of a manifest with another shape: %v", err)
 	}
 }
 

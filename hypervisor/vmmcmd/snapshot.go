@@ -120,7 +120,7 @@ func (t *snapTarget) Rollback(dir string) (*control.RollbackResult, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rollback: %w", err)
 	}
-	if err := snap.Manifest.Check(snap.Manifest.Shape, c); err != nil {
+	if err := snap.Manifest.CheckComponents(c); err != nil {
 		return nil, fmt.Errorf("rollback to %s: %w", dir, err)
 	}
 	st, err := t.m.Rollback(snap)
