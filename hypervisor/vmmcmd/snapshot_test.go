@@ -3,6 +3,7 @@ package vmmcmd
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,6 +22,31 @@ var counterCode = []byte{
 }
 
 const counterAddr = 0x3000000
+
+// runUntilAdvanced resumes the paused VM for a while, pauses it and snapshots it into dir-N, longer each
+// time (20 ms, doubling, about 5 s in all, so a loaded machine cannot make it flaky), until the guest's
+// counter has moved past from. It returns the last counter seen.
+func runUntilAdvanced(t *testing.T, ctl *control.Client, dir string, from uint64) uint64 {
+	t.Helper()
+	var c uint64
+	for i, wait := 0, 20*time.Millisecond; i < 8; i, wait = i+1, wait*2 {
+		if err := ctl.Resume(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(wait)
+		if err := ctl.Pause(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		d := fmt.Sprintf("%s-%d", dir, i)
+		if _, err := ctl.Snapshot(t.Context(), d, false); err != nil {
+			t.Fatal(err)
+		}
+		if c = snapCounter(t, d); c > from {
+			return c
+		}
+	}
+	return c
+}
 
 func snapCounter(t *testing.T, dir string) uint64 {
 	t.Helper()
@@ -161,12 +187,7 @@ func TestSnapshotRollbackRestoreOps(t *testing.T) {
 	if b, _ := os.ReadFile(disk); !bytes.Equal(b, orig) {
 		t.Error("restore did not recreate the disk from the snapshot")
 	}
-	r.ctl.Resume(t.Context())
-	time.Sleep(20 * time.Millisecond)
-	r.ctl.Pause(t.Context())
-	s5 := filepath.Join(dir, "s5")
-	r.ctl.Snapshot(t.Context(), s5, false)
-	if c := snapCounter(t, s5); c <= c1 {
+	if c := runUntilAdvanced(t, r.ctl, filepath.Join(dir, "s5"), c1); c <= c1 {
 		t.Fatalf("restored counter did not advance: %d", c)
 	}
 	r.stop(t)
@@ -261,12 +282,7 @@ func TestRestoreStandby(t *testing.T) {
 	if _, err := s.ctl.Restore(t.Context(), snap, false); err == nil || !strings.Contains(err.Error(), "already runs a VM") {
 		t.Errorf("second restore: %v", err)
 	}
-	s.ctl.Resume(t.Context())
-	time.Sleep(20 * time.Millisecond)
-	s.ctl.Pause(t.Context())
-	s3 := filepath.Join(dir, "s3")
-	s.ctl.Snapshot(t.Context(), s3, false)
-	if c := snapCounter(t, s3); c <= c1 {
+	if c := runUntilAdvanced(t, s.ctl, filepath.Join(dir, "s3"), c1); c <= c1 {
 		t.Fatalf("restored counter did not advance: %d", c)
 	}
 	s.stop(t)
