@@ -28,6 +28,9 @@ const (
 	DefaultDiskSlots   = 8
 	DefaultStateDir    = "/run/cube/shim"
 	DefaultBootTimeout = "30s"
+	// DefaultAgentTimeout bounds one agent call (all but waiting for a process): generous, since an
+	// emulated test host is slow, and short of the minutes a stalled guest would otherwise hang a request.
+	DefaultAgentTimeout = "2m"
 	// MaxMemoryMiB and MaxVCPUs bound user input; beyond them a typo is likelier than intent.
 	MaxMemoryMiB = 1 << 20
 	MaxVCPUs     = 255
@@ -56,6 +59,10 @@ type Config struct {
 	StateDir string `toml:"state_dir"`
 	// BootTimeout bounds VMM start until the agent answers Health (Go duration).
 	BootTimeout string `toml:"boot_timeout"`
+	// AgentTimeout bounds each call to the guest agent after boot (mount, create, exec, start, signal,
+	// delete, ...; not the wait for a process to exit), Go duration. A call past it fails its request with
+	// "guest agent: <call> got no answer within <d>".
+	AgentTimeout string `toml:"agent_timeout"`
 	// CgroupParent, when set, is the cgroup (v1 path or v2 group) the VMM
 	// process is placed under when the container spec names no cgroupsPath.
 	CgroupParent string `toml:"cgroup_parent"`
@@ -69,15 +76,16 @@ type Config struct {
 // Default returns a Config holding every default.
 func Default() Config {
 	return Config{
-		VMM:         DefaultVMMPath,
-		Kernel:      DefaultKernel,
-		Initrd:      DefaultInitrd,
-		Cmdline:     DefaultCmdline,
-		MemoryMiB:   DefaultMemoryMiB,
-		VCPUs:       DefaultVCPUs,
-		DiskSlots:   DefaultDiskSlots,
-		StateDir:    DefaultStateDir,
-		BootTimeout: DefaultBootTimeout,
+		VMM:          DefaultVMMPath,
+		Kernel:       DefaultKernel,
+		Initrd:       DefaultInitrd,
+		Cmdline:      DefaultCmdline,
+		MemoryMiB:    DefaultMemoryMiB,
+		VCPUs:        DefaultVCPUs,
+		DiskSlots:    DefaultDiskSlots,
+		StateDir:     DefaultStateDir,
+		BootTimeout:  DefaultBootTimeout,
+		AgentTimeout: DefaultAgentTimeout,
 	}
 }
 
@@ -149,7 +157,8 @@ func (c Config) Validate() error {
 
 // Timeouts are the parsed duration fields.
 type Timeouts struct {
-	Boot time.Duration
+	Boot  time.Duration
+	Agent time.Duration
 }
 
 // Durations parses the duration fields.
@@ -158,7 +167,11 @@ func (c Config) Durations() (Timeouts, error) {
 	if err != nil {
 		return Timeouts{}, err
 	}
-	return Timeouts{Boot: b}, nil
+	a, err := parseDuration("agent_timeout", c.AgentTimeout)
+	if err != nil {
+		return Timeouts{}, err
+	}
+	return Timeouts{Boot: b, Agent: a}, nil
 }
 
 func parseDuration(key, s string) (time.Duration, error) {

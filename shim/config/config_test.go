@@ -22,7 +22,7 @@ func TestParseKeepsDefaultsForAbsentKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if to.Boot != 30*time.Second {
+	if to.Boot != 30*time.Second || to.Agent != 2*time.Minute {
 		t.Fatalf("timeouts %+v", to)
 	}
 }
@@ -36,6 +36,8 @@ func TestParseErrors(t *testing.T) {
 		{"state_dir = \"rel\"", "not absolute"},
 		{"boot_timeout = \"soon\"", "boot_timeout"},
 		{"boot_timeout = \"-1s\"", "must be positive"},
+		{"agent_timeout = \"0s\"", "agent_timeout \"0s\" must be positive"},
+		{"agent_timeout = \"2\"", "agent_timeout"},
 		{"vmm = \"\"", "vmm is empty"},
 		{"memory_mib = \"x\"", "parse shim config"},
 		{"= broken", "parse shim config"},

@@ -2,22 +2,57 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/containerd/ttrpc"
 	"github.com/cube-runtime/cube/guest-agent/protocol"
 )
 
-// DialAgent is the production AgentDialer: ttrpc over vsock AgentPort.
-func DialAgent(ctx context.Context, vmm VMM) (AgentClient, error) {
+// DialAgent is the production AgentDialer: ttrpc over vsock AgentPort, calls unbounded but by their ctx.
+func DialAgent(ctx context.Context, vmm VMM) (AgentClient, error) { return dialAgent(ctx, vmm, 0) }
+
+// DialAgentTimeout is DialAgent with every call but Wait (which lasts as long as the process) bounded by
+// timeout, so a guest that stopped answering fails the request with a reason instead of hanging it.
+func DialAgentTimeout(timeout time.Duration) AgentDialer {
+	return func(ctx context.Context, vmm VMM) (AgentClient, error) { return dialAgent(ctx, vmm, timeout) }
+}
+
+func dialAgent(ctx context.Context, vmm VMM, timeout time.Duration) (AgentClient, error) {
 	conn, err := vmm.DialVsock(ctx, protocol.AgentPort)
 	if err != nil {
 		return nil, err
 	}
-	tc := ttrpc.NewClient(conn)
+	var opts []ttrpc.ClientOpts
+	if timeout > 0 {
+		opts = append(opts, ttrpc.WithUnaryClientInterceptor(callDeadline(timeout)))
+	}
+	tc := ttrpc.NewClient(conn, opts...)
 	return &protocolAgent{vmm: vmm, tc: tc, c: protocol.NewAgentClient(tc)}, nil
+}
+
+// waitMethod is the one agent call that may rightly take longer than any bound.
+const waitMethod = "/cube.agent.v1.Agent/Wait"
+
+// callDeadline bounds each agent call but Wait by timeout; a call that runs out says which one and why.
+func callDeadline(timeout time.Duration) ttrpc.UnaryClientInterceptor {
+	return func(ctx context.Context, req *ttrpc.Request, resp *ttrpc.Response, info *ttrpc.UnaryClientInfo, invoke ttrpc.Invoker) error {
+		if info.FullMethod == waitMethod {
+			return invoke(ctx, req, resp)
+		}
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		err := invoke(cctx, req, resp)
+		if err != nil && ctx.Err() == nil && errors.Is(cctx.Err(), context.DeadlineExceeded) {
+			return fmt.Errorf("guest agent: %s got no answer within %s (shim config agent_timeout): the guest may have stalled; its console log is in the sandbox's state directory: %w: %w",
+				strings.TrimPrefix(info.FullMethod, "/cube.agent.v1.Agent/"), timeout, errdefs.ErrUnavailable, context.DeadlineExceeded)
+		}
+		return err
+	}
 }
 
 type protocolAgent struct {

@@ -139,7 +139,7 @@ func ProcessSandboxFactory(ns string, log *logrus.Entry) SandboxFactory {
 			Kernel: cfg.Kernel, Initrd: cfg.Initrd, Cmdline: cfg.Cmdline,
 			MemoryMiB: cfg.MemoryMiB, VCPUs: cfg.VCPUs, DiskSlots: int(cfg.DiskSlots),
 			Template: cfg.Template, BootTimeout: to.Boot,
-			VMM: vmm, Dial: sandbox.DialAgent, Cgroup: cg, Log: log.WithField("sandbox", id),
+			VMM: vmm, Dial: sandbox.DialAgentTimeout(to.Agent), Cgroup: cg, Log: log.WithField("sandbox", id),
 		})
 	}
 }
