@@ -41,6 +41,7 @@ const maxLine = 4096
 // Server serves a Target on a Unix socket.
 type Server struct {
 	ln     net.Listener
+	path   string
 	target Target
 	wg     sync.WaitGroup
 	mu     sync.Mutex
@@ -49,15 +50,27 @@ type Server struct {
 }
 
 // Listen creates the socket at path (replacing a stale one) and serves it.
+//
+// Ordering: the socket is bound and listening under a temporary name first and only then renamed to path,
+// so a client that waits for path to exist (the shim does) never connects between bind and listen, when
+// it would be refused.
 func Listen(path string, t Target) (*Server, error) {
 	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
 		os.Remove(path)
 	}
-	ln, err := net.Listen("unix", path)
+	tmp := path + ".new"
+	os.Remove(tmp)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("control socket: %w", err)
 	}
-	s := &Server{ln: ln, target: t, conns: map[net.Conn]struct{}{}}
+	ln.SetUnlinkOnClose(false) // it is unlinked under its final name by Close
+	if err := os.Rename(tmp, path); err != nil {
+		ln.Close()
+		os.Remove(tmp)
+		return nil, fmt.Errorf("control socket: %w", err)
+	}
+	s := &Server{ln: ln, path: path, target: t, conns: map[net.Conn]struct{}{}}
 	s.wg.Add(1)
 	go s.accept()
 	return s, nil
@@ -229,6 +242,7 @@ func (s *Server) Close() error {
 	}
 	s.mu.Unlock()
 	err := s.ln.Close()
+	os.Remove(s.path)
 	s.wg.Wait()
 	return err
 }

@@ -26,7 +26,7 @@ type Writer struct {
 func Create(dir string, need int64) (*Writer, error) {
 	dir = filepath.Clean(dir)
 	if _, err := os.Lstat(dir); err == nil {
-		return nil, fmt.Errorf("snapshot %s: already exists", dir)
+		return nil, fmt.Errorf("%s already exists: a snapshot goes into a new directory", dir)
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("snapshot %s: %w", dir, err)
 	}

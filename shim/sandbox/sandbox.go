@@ -472,7 +472,7 @@ func (s *Sandbox) Snapshot(ctx context.Context, dir string) (control.SnapshotRes
 	}
 	res, err := s.o.VMM.Snapshot(ctx, dir)
 	if err != nil {
-		return control.SnapshotResult{}, fmt.Errorf("sandbox %s: snapshot: %w", s.o.ID, err)
+		return control.SnapshotResult{}, fmt.Errorf("sandbox %s: %w", s.o.ID, err)
 	}
 	return res, nil
 }
