@@ -41,10 +41,12 @@ func buildAgent(t *testing.T) []byte {
 	return b
 }
 
-// TestBootAsPID1 runs the agent as PID 1 of fresh pid and mount namespaces
-// chrooted into a tmpfs, as the kernel runs /init from an initramfs: it must
-// switch to a tmpfs root (so pivot_root works), mount the pseudo
-// filesystems, serve, run a container and power off.
+// TestBootAsPID1 runs the agent as PID 1 of fresh pid, mount and network
+// namespaces chrooted into a tmpfs, as the kernel runs /init from an
+// initramfs: it must switch to a tmpfs root (so pivot_root works), mount the
+// pseudo filesystems, bring up lo (down in a new network namespace, as in a
+// fresh guest), serve, run a container in a network namespace of its own
+// (whose lo it brings up too) and power off.
 func TestBootAsPID1(t *testing.T) {
 	// The simulated initramfs is a tmpfs mount, not the kernel's rootfs, so
 	// pivot_root would work even without the switch; the move+chroot
@@ -55,7 +57,7 @@ func TestBootAsPID1(t *testing.T) {
 
 func bootAsPID1(t *testing.T, noSwitch bool) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates pid/mount namespaces and mounts a tmpfs")
+		t.Skip("needs root: creates pid/mount/network namespaces and mounts a tmpfs")
 	}
 	bb, err := os.ReadFile("/bin/busybox")
 	if err != nil {
@@ -101,7 +103,7 @@ func bootAsPID1(t *testing.T, noSwitch bool) {
 		cmd.Env = []string{"CUBE_INIT_TMPFS_ROOT=1"}
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWUTS,
+		Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWUTS | unix.CLONE_NEWNET,
 		Chroot:     root,
 	}
 	must(cmd.Start())
@@ -145,15 +147,24 @@ func bootAsPID1(t *testing.T, noSwitch bool) {
 			t.Errorf("guest mounts lack %q:\n%s", m, mounts)
 		}
 	}
+	// The guest's sysfs (mounted in its network namespace) shows its lo; "unknown" is lo's operstate when up.
+	if b, err := os.ReadFile(guest + "/sys/class/net/lo/operstate"); err != nil || strings.TrimSpace(string(b)) == "down" {
+		t.Errorf("guest lo operstate %q, %v: want up (unknown)", b, err)
+	}
+	if c := console(); !strings.Contains(c, "loopback up") {
+		t.Errorf("console does not log lo brought up:\n%s", c)
+	}
 	if _, err := os.Stat(filepath.Join(root, "init")); os.IsNotExist(err) == noSwitch {
 		t.Errorf("initramfs content moved: %v, want moved: %v", os.IsNotExist(err), !noSwitch)
 	}
 
 	spec := specs.Spec{
-		Process:  &specs.Process{Args: []string{"sh", "-c", "hostname; exit 4"}, Cwd: "/", Env: []string{"PATH=/bin"}},
+		Process:  &specs.Process{Args: []string{"sh", "-c", "hostname; cat /sys/class/net/lo/operstate; exit 4"}, Cwd: "/", Env: []string{"PATH=/bin"}},
 		Hostname: "in-guest",
-		Mounts:   []specs.Mount{{Destination: "/proc", Type: "proc", Source: "proc"}},
-		Linux:    &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.MountNamespace}, {Type: specs.PIDNamespace}, {Type: specs.UTSNamespace}}},
+		// sysfs mounted in the container's own network namespace shows that namespace's lo.
+		Mounts: []specs.Mount{{Destination: "/proc", Type: "proc", Source: "proc"}, {Destination: "/sys", Type: "sysfs", Source: "sysfs"}},
+		Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.MountNamespace}, {Type: specs.PIDNamespace}, {Type: specs.UTSNamespace},
+			{Type: specs.NetworkNamespace}}},
 	}
 	b, _ := json.Marshal(spec)
 	if _, err := client.CreateContainer(ctx, &protocol.CreateContainerRequest{ContainerId: "c", Spec: b, Rootfs: "/rootfs", Stdio: &protocol.Stdio{Stdout: true}}); err != nil {
@@ -168,11 +179,14 @@ func bootAsPID1(t *testing.T, noSwitch bool) {
 	}
 	out, _ := io.ReadAll(sc)
 	w, err := client.Wait(ctx, &protocol.WaitRequest{ContainerId: "c"})
-	if err != nil || w.ExitStatus != 4 || string(out) != "in-guest\n" {
+	if err != nil || w.ExitStatus != 4 || string(out) != "in-guest\nunknown\n" {
 		t.Fatalf("container: out %q, wait %v %v", out, w, err)
 	}
 	if _, err := client.Delete(ctx, &protocol.DeleteRequest{ContainerId: "c"}); err != nil {
 		t.Errorf("delete container: %v", err)
+	}
+	if c := console(); !strings.Contains(c, "lo=up netns=new") {
+		t.Errorf("console does not log the container's own network namespace with lo up:\n%s", c)
 	}
 	want := "root_switch=pivot_root"
 	if noSwitch {

@@ -51,6 +51,13 @@ func main() {
 			log.WithError(err).Error("boot incomplete")
 		}
 		log.WithFields(logrus.Fields{"modules": loaded, "tmpfs_root": initsys.OnTmpfsRoot()}).Info("guest booted")
+		// Unlike the rest of boot, a loopback that cannot come up stops the
+		// agent: every kernel with networking (vsock included) has lo in each
+		// namespace, so this is a broken guest, and serving on would hand out
+		// sandboxes where 127.0.0.1 silently does not answer.
+		if err := initsys.LoopbackUp(log); err != nil {
+			fatal(log, isInit, err)
+		}
 	}
 
 	reaper, err := initsys.NewReaper(log)

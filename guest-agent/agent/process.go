@@ -45,6 +45,7 @@ type process struct {
 	terminal            bool
 	consoleSize         *[2]uint16 // width, height for the terminal once prepared
 	rootSwitch          string
+	newNetnsLoUp        bool // create: a network namespace of its own, its lo brought up
 
 	mu       sync.Mutex
 	state    procState

@@ -215,6 +215,9 @@ func (s *Service) CreateContainer(ctx context.Context, req *protocol.CreateConta
 	c.init = p
 	s.mu.Unlock()
 	log := s.log.WithFields(logrus.Fields{"container": c.id, "pid": p.pid, "root_switch": p.rootSwitch})
+	if p.newNetnsLoUp {
+		log = log.WithFields(logrus.Fields{"netns": "new", "lo": "up"})
+	}
 	if p.rootSwitch != "pivot_root" {
 		log.Warn("container created without pivot_root (is / still the initramfs?)")
 	} else {
@@ -280,7 +283,7 @@ func (s *Service) prepare(c *containerEntry, execID string, stdio *protocol.Stdi
 		p.closeStdio()
 		return nil, toStatus(err, "prepare %s", p.name())
 	}
-	p.pid, p.prepared, p.rootSwitch = prep.Pid, prep, prep.RootSwitch
+	p.pid, p.prepared, p.rootSwitch, p.newNetnsLoUp = prep.Pid, prep, prep.RootSwitch, prep.LoopbackUp
 	if proc.Terminal {
 		p.pty = prep.Console
 		if sz := p.consoleSize; sz != nil && sz[0] > 0 && sz[1] > 0 {

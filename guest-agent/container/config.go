@@ -51,4 +51,7 @@ type statusMsg struct {
 	// RootSwitch: how the rootfs became / ("pivot_root", or "move+chroot"
 	// when / was an initramfs); empty for exec.
 	RootSwitch string `json:"root_switch,omitempty"`
+	// LoopbackUp: the container has a network namespace of its own, and
+	// the helper brought its lo up.
+	LoopbackUp bool `json:"loopback_up,omitempty"`
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/cube-runtime/cube/guest-agent/netif"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 )
@@ -59,6 +60,16 @@ func runInit(status *os.File) error {
 
 	if err := joinNamespaces(cfg.Join); err != nil {
 		return err
+	}
+	loopbackUp := false
+	if cfg.Mode == ModeCreate && NewNetns(cfg.Spec) {
+		// The kernel makes a new network namespace with lo down, and the
+		// container's programs expect 127.0.0.1 to answer. Joined namespaces
+		// (a pod's) were set up by whoever created them.
+		if _, err := netif.LoopbackUp(); err != nil {
+			return fmt.Errorf("bring up lo in the container's new network namespace: %w", err)
+		}
+		loopbackUp = true
 	}
 	if cfg.Mode == ModeCreate {
 		if err := setupRootfs(cfg.Rootfs, cfg.Spec); err != nil {
@@ -135,7 +146,7 @@ func runInit(status *os.File) error {
 		return err
 	}
 
-	writeStatus(status, statusMsg{Stage: "ready", RootSwitch: rootSwitch})
+	writeStatus(status, statusMsg{Stage: "ready", RootSwitch: rootSwitch, LoopbackUp: loopbackUp})
 	var b [1]byte
 	if n, _ := os.NewFile(startFd, "start").Read(b[:]); n != 1 {
 		// The agent dropped the process before starting it.

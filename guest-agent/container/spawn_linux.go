@@ -47,6 +47,9 @@ type Prepared[E any] struct {
 	// RootSwitch is "pivot_root", "move+chroot" (weaker: / was an
 	// initramfs) or "" (exec).
 	RootSwitch string
+	// LoopbackUp: the container got a network namespace of its own and the
+	// helper brought its lo up (create only).
+	LoopbackUp bool
 	// Console is the pty master of a Terminal process (nil otherwise); the
 	// caller owns it.
 	Console *os.File
@@ -232,7 +235,7 @@ func Prepare[E any](o SpawnOptions, starter Starter[E]) (*Prepared[E], error) {
 		p.close()
 		return nil, fmt.Errorf("container helper exited before it was ready")
 	}
-	p.RootSwitch = m.RootSwitch
+	p.RootSwitch, p.LoopbackUp = m.RootSwitch, m.LoopbackUp
 	if console != nil {
 		// The helper sent the master before "ready": it is queued on the socket.
 		if p.Console, err = recvConsole(console); err != nil {

@@ -234,3 +234,10 @@ func CloneFlags(s *specs.Spec) uintptr {
 	}
 	return f
 }
+
+// NewNetns reports whether the spec asks for a new network namespace (one
+// without a path). Without a network namespace entry the container shares
+// the agent's, the guest's initial one.
+func NewNetns(s *specs.Spec) bool {
+	return s != nil && s.Linux != nil && CloneFlags(s)&unix.CLONE_NEWNET != 0
+}

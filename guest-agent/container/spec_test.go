@@ -86,3 +86,24 @@ func FuzzDecodeProcess(f *testing.F) {
 		DecodeProcess(data)
 	})
 }
+
+func TestNewNetns(t *testing.T) {
+	ns := func(n ...specs.LinuxNamespace) *specs.Spec {
+		return &specs.Spec{Linux: &specs.Linux{Namespaces: append([]specs.LinuxNamespace{{Type: specs.MountNamespace}}, n...)}}
+	}
+	for _, c := range []struct {
+		name string
+		spec *specs.Spec
+		want bool
+	}{
+		{"no network namespace: the guest's", ns(), false},
+		{"new network namespace", ns(specs.LinuxNamespace{Type: specs.NetworkNamespace}), true},
+		{"joined network namespace (a pod's)", ns(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: "/proc/7/ns/net"}), false},
+		{"other new namespaces only", ns(specs.LinuxNamespace{Type: specs.UTSNamespace}, specs.LinuxNamespace{Type: specs.PIDNamespace}), false},
+		{"no linux section", &specs.Spec{}, false},
+	} {
+		if got := NewNetns(c.spec); got != c.want {
+			t.Errorf("%s: NewNetns = %v, want %v", c.name, got, c.want)
+		}
+	}
+}

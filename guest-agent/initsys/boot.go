@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/cube-runtime/cube/guest-agent/netif"
+	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 )
 
@@ -265,4 +267,21 @@ func Boot() (loaded []string, err error) {
 
 func isDevNull(st *unix.Stat_t) bool {
 	return st.Mode&unix.S_IFMT == unix.S_IFCHR && unix.Major(st.Rdev) == 1 && unix.Minor(st.Rdev) == 3
+}
+
+// LoopbackUp brings lo up in the guest's initial network namespace, the one
+// every container without a network namespace of its own shares: the kernel
+// creates it down and, with the agent as /init, nothing else would bring it
+// up. It logs the outcome; an error means lo is not up.
+func LoopbackUp(log logrus.FieldLogger) error {
+	wasUp, err := netif.LoopbackUp()
+	if err != nil {
+		return fmt.Errorf("boot: loopback: %w", err)
+	}
+	if wasUp {
+		log.WithField("interface", netif.Loopback).Info("loopback already up")
+	} else {
+		log.WithField("interface", netif.Loopback).Info("loopback up")
+	}
+	return nil
 }
