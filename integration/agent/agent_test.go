@@ -110,7 +110,12 @@ func (s *sandbox) stream(id, exec string, which protocol.Stream) io.ReadWriteClo
 }
 
 func spec(args ...string) []byte {
-	b, _ := json.Marshal(&specs.Spec{
+	b, _ := json.Marshal(specOf(args...))
+	return b
+}
+
+func specOf(args ...string) *specs.Spec {
+	return &specs.Spec{
 		Version:  specs.Version,
 		Process:  &specs.Process{Args: args, Cwd: "/", Env: []string{"PATH=/bin"}},
 		Hostname: "cube-e2e",
@@ -121,12 +126,55 @@ func spec(args ...string) []byte {
 		Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{
 			{Type: specs.MountNamespace}, {Type: specs.PIDNamespace}, {Type: specs.UTSNamespace}, {Type: specs.IPCNamespace},
 		}},
-	})
-	return b
+	}
+}
+
+// loopbackScript prints lo's operstate ("unknown" when up: lo has no carrier to report), serves a file over
+// HTTP on 127.0.0.1 (busybox httpd, which backgrounds itself) and fetches it from the same container. With lo
+// down, the server listens but wget gets "Network is unreachable" (its stderr goes to stdout, to be seen).
+const loopbackScript = `cat /sys/class/net/lo/operstate
+busybox mkdir -p /tmp/www && echo hello-over-loopback > /tmp/www/hi
+busybox httpd -p 127.0.0.1:8080 -h /tmp/www || exit 2
+for i in 1 2 3 4 5 6 7 8 9 10; do busybox wget -q -O - http://127.0.0.1:8080/hi 2>&1 && exit 0; sleep 1; done
+exit 1`
+
+// checkLoopback runs loopbackScript in container id, in the guest's network namespace or (newNetns) in one the
+// agent creates for it, and checks lo is up and a client reaches the server on 127.0.0.1.
+func (s *sandbox) checkLoopback(id, rootfs string, newNetns bool) {
+	s.t.Helper()
+	sp := specOf("sh", "-c", loopbackScript)
+	// sysfs mounted in the container's network namespace shows that namespace's lo.
+	sp.Mounts = append(sp.Mounts, specs.Mount{Destination: "/sys", Type: "sysfs", Source: "sysfs"})
+	where := "the guest's network namespace"
+	if newNetns {
+		sp.Linux.Namespaces = append(sp.Linux.Namespaces, specs.LinuxNamespace{Type: specs.NetworkNamespace})
+		where = "a network namespace of its own"
+	}
+	b, _ := json.Marshal(sp)
+	if _, err := s.client.CreateContainer(s.ctx(), &protocol.CreateContainerRequest{ContainerId: id, Rootfs: rootfs, Spec: b,
+		Stdio: &protocol.Stdio{Stdout: true}}); err != nil {
+		s.t.Fatalf("create %s (%s): %v", id, where, err)
+	}
+	out := s.stream(id, "", protocol.Stdout)
+	if _, err := s.client.Start(s.ctx(), &protocol.StartRequest{ContainerId: id}); err != nil {
+		s.t.Fatalf("start %s: %v", id, err)
+	}
+	got, _ := io.ReadAll(out)
+	w, err := s.client.Wait(s.ctx(), &protocol.WaitRequest{ContainerId: id})
+	if want := "unknown\nhello-over-loopback\n"; err != nil || w.ExitStatus != 0 || string(got) != want {
+		s.t.Errorf("loopback in %s (%s): output %q, wait %+v %v; want %q, exit 0 (lo up, 127.0.0.1 answers)", id, where, got, w, err, want)
+	} else {
+		s.t.Logf("container %q (%s): lo up, HTTP over 127.0.0.1 answered", id, where)
+	}
+	if _, err := s.client.Delete(s.ctx(), &protocol.DeleteRequest{ContainerId: id}); err != nil {
+		s.t.Errorf("delete %s: %v", id, err)
+	}
 }
 
 // TestContainerInGuest: boot the guest image, mount the rootfs disk by serial, run a container (output,
-// exit code), exec into a second one, kill it, and power the VM off cleanly.
+// exit code), check loopback (lo up, an HTTP server and client on 127.0.0.1 in one container, both in the
+// guest's network namespace and in one the agent creates), exec into another container, kill it, and power
+// the VM off cleanly.
 func TestContainerInGuest(t *testing.T) {
 	s := boot(t)
 	t.Logf("cube-vmm start to agent answering: %v", s.ready)
@@ -164,6 +212,10 @@ func TestContainerInGuest(t *testing.T) {
 	if _, err := s.client.Delete(s.ctx(), &protocol.DeleteRequest{ContainerId: "one"}); err != nil {
 		t.Errorf("delete: %v", err)
 	}
+
+	// Loopback: the agent, as /init, brought lo up at boot, and brings it up in each network namespace it makes.
+	s.checkLoopback("lo-guest", md.MountPoint, false)
+	s.checkLoopback("lo-own", md.MountPoint, true)
 
 	// A long-running container, an exec into it, then SIGTERM.
 	if _, err := s.client.CreateContainer(s.ctx(), &protocol.CreateContainerRequest{ContainerId: "two", Rootfs: md.MountPoint,

@@ -216,12 +216,42 @@ func startCRI(t *testing.T) *criEnv {
 	return c
 }
 
+// checkPodLoopback: container b of a pod reaches an HTTP server in container a on 127.0.0.1, and sees lo up
+// (operstate "unknown": lo reports no carrier). The pod is host-network, so both share the guest's initial
+// network namespace, whose lo the agent brings up at boot; with lo down, the server would listen but b's wget
+// would get "Network is unreachable".
+func checkPodLoopback(t *testing.T, c *criEnv, a, b string) {
+	t.Helper()
+	// busybox httpd backgrounds itself (stdio on /dev/null), so the exec returns while it keeps serving in a.
+	if _, err := c.crictl("exec", "-s", a, "sh", "-c",
+		"busybox mkdir -p /tmp/www && echo hello-from-a > /tmp/www/hi && busybox httpd -p 127.0.0.1:8080 -h /tmp/www"); err != nil {
+		t.Errorf("start an HTTP server on 127.0.0.1 in container a: %v", err)
+		return
+	}
+	const want = "unknown\nhello-from-a"
+	var got string
+	var err error
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		got, err = c.crictl("exec", "-s", b, "sh", "-c", "cat /sys/class/net/lo/operstate; busybox wget -q -O - http://127.0.0.1:8080/hi 2>&1")
+		if err == nil && strings.TrimSpace(got) == want || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	if err != nil || strings.TrimSpace(got) != want {
+		t.Errorf("container b fetching http://127.0.0.1:8080/hi from container a: %q %v, want %q (lo up, the server answers)", got, err, want)
+	} else {
+		t.Log("pod loopback: container b reached container a's server on 127.0.0.1; lo is up")
+	}
+}
+
 // TestCRIPodTwoContainersOneVM is the Kubernetes path: `crictl runp` with
 // the contrib config's `cube` runtime handler, then two containers created
 // and started in the pod. All three (pause and two app containers) share
 // one VM; each app container's rootfs is a drive slot re-pointed at its
 // image (cube-vmm disk-set); `crictl exec` (streaming and sync) reaches each
-// container; stopping and removing the pod leaves nothing behind.
+// container; c2 reaches a server in c1 on 127.0.0.1 (checkPodLoopback);
+// stopping and removing the pod leaves nothing behind.
 func TestCRIPodTwoContainersOneVM(t *testing.T) {
 	c := startCRI(t)
 	sockets := func() []string {
@@ -330,6 +360,7 @@ func TestCRIPodTwoContainersOneVM(t *testing.T) {
 	if devs["c1"] == devs["c2"] || devs["c1"] == "/dev/vda" || devs["c2"] == "/dev/vda" {
 		t.Errorf("rootfs devices %v: want two distinct slots besides vda", devs)
 	}
+	checkPodLoopback(t, c, ids["c1"], ids["c2"])
 	// A removed container's slot goes back to its stub and is taken by the
 	// next one: same device, another image (a stale cached block of c1's
 	// image would show here as c1's /tmp/me).
