@@ -21,30 +21,24 @@ func BitmapBytes(size int64) int64 {
 // WriteFull writes guest RAM (the regions back to back) to f. All-zero
 // pages are left as holes: the file stays sparse and reads back as zero.
 func WriteFull(f *os.File, regions [][]byte) (written int64, err error) {
-	var off int64
-	for _, r := range regions {
-		n, err := writePages(f, r, off, nil)
-		if err != nil {
-			return written, err
-		}
-		written += n
-		off += int64(len(r))
-	}
-	if err := f.Truncate(off); err != nil {
-		return written, fmt.Errorf("memory file: %w", err)
-	}
-	return written, nil
+	return writeRegions(f, regions, nil)
 }
 
 // WriteDiff writes only the pages set in dirty (one bit per page over the
 // regions back to back) at their offsets, and returns the bytes written.
 func WriteDiff(f *os.File, regions [][]byte, dirty []uint64) (written int64, err error) {
+	return writeRegions(f, regions, func(page int64) bool {
+		w := page / 64
+		return w < int64(len(dirty)) && dirty[w]&(1<<(page%64)) != 0
+	})
+}
+
+// writeRegions writes the regions back to back with writePages (keep nil:
+// every page), then sizes f to the whole of guest RAM.
+func writeRegions(f *os.File, regions [][]byte, keep func(page int64) bool) (written int64, err error) {
 	var off int64
 	for _, r := range regions {
-		n, err := writePages(f, r, off, func(page int64) bool {
-			w := page / 64
-			return w < int64(len(dirty)) && dirty[w]&(1<<(page%64)) != 0
-		})
+		n, err := writePages(f, r, off, keep)
 		if err != nil {
 			return written, err
 		}
