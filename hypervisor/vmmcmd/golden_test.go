@@ -2,7 +2,6 @@ package vmmcmd
 
 import (
 	"bytes"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -200,19 +199,7 @@ func goldenPair(t *testing.T, dir string) (full, diff string) {
 // page is in diff's own layer), checked to be past full's.
 func goldenCounter(t *testing.T, full, diff string) uint64 {
 	t.Helper()
-	read := func(dir string) uint64 {
-		f, err := os.Open(filepath.Join(dir, snapshot.MemoryName))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		var b [8]byte
-		if _, err := f.ReadAt(b[:], counterAddr); err != nil {
-			t.Fatal(err)
-		}
-		return binary.LittleEndian.Uint64(b[:])
-	}
-	f, d := read(full), read(diff)
+	f, d := snapCounter(t, full), snapCounter(t, diff)
 	if f == 0 || d <= f {
 		t.Fatalf("golden counters: full %d, diff %d; want 0 < full < diff", f, d)
 	}
