@@ -46,7 +46,7 @@ type stressLine struct {
 const linePrefix = "STRESS "
 
 // TestLifecycles runs CUBE_STRESS_COUNT nested VM lifecycles (numbered from CUBE_STRESS_FIRST), each: boot
-// the guest image with 2 vCPUs, start a container running the workload through the agent, take a full snapshot, roll back to
+// the guest image with CUBE_STRESS_VCPUS vCPUs (default 2), start a container running the workload through the agent, take a full snapshot, roll back to
 // it, SIGKILL cube-vmm while its vCPUs are in KVM_RUN. A failed lifecycle is a measurement, not a test
 // failure: it prints its result and the next one starts.
 func TestLifecycles(t *testing.T) {
@@ -155,6 +155,22 @@ var workloads = map[string]string{
 	"busy":  "i=0; while :; do i=$((i+1)); [ $((i % 1000)) = 0 ] && echo $i >/tmp/n; done",
 }
 
+// envVCPUs is the nested guest's vCPU count (CUBE_STRESS_VCPUS, 1 or 2; default 2). With 1 the guest sends
+// no IPIs between its vCPUs: what is left is the test host's own activity (the shim's sandboxes have 1 vCPU).
+const envVCPUs = "CUBE_STRESS_VCPUS"
+
+// guestVCPUs is CUBE_STRESS_VCPUS, checked.
+func guestVCPUs() (string, error) {
+	switch v := os.Getenv(envVCPUs); v {
+	case "":
+		return "2", nil
+	case "1", "2":
+		return v, nil
+	default:
+		return "", fmt.Errorf("%s=%q: want 1 or 2 (the nested guest's vCPUs)", envVCPUs, v)
+	}
+}
+
 // workloadName is CUBE_STRESS_WORKLOAD, checked; "" means the default.
 func workloadName() (string, error) {
 	w := os.Getenv(envWorkload)
@@ -191,6 +207,10 @@ func runLifecycle(t *testing.T) (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
+	vcpus, err := guestVCPUs()
+	if err != nil {
+		return 0, err
+	}
 	dir := t.TempDir()
 	uds, ctlSock, disk := filepath.Join(dir, "vsock.sock"), filepath.Join(dir, "ctl.sock"), filepath.Join(dir, "rootfs.img")
 	img, err := os.ReadFile(sandboxenv.RootfsImage)
@@ -202,7 +222,7 @@ func runLifecycle(t *testing.T) (time.Duration, error) {
 	}
 	start := time.Now()
 	vmm := vmmrun.Start(t, sandboxenv.CubeVMM, "-kernel", sandboxenv.GuestKernel, "-initrd", sandboxenv.GuestInitrd,
-		"-memory", "256", "-vcpus", "2", "-cmdline", "console=ttyS0 panic=-1 quiet", "-vsock", uds,
+		"-memory", "256", "-vcpus", vcpus, "-cmdline", "console=ttyS0 panic=-1 quiet", "-vsock", uds,
 		"-disk", disk+",serial=rootfs0", "-control", ctlSock)
 	tc, cl, err := dialAgent(vmm, uds, 2*time.Minute, resultBootStall)
 	if err != nil {

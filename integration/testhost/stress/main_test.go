@@ -8,6 +8,7 @@
 //	CUBE_STRESS_LIFECYCLES=50 CUBE_TESTHOST_KVM_AMD=stock CUBE_TESTHOST_CPU=EPYC-Rome,+svm,+npt make stress
 //	CUBE_STRESS_HOST_LOAD=1 ...   (forks, TLB shootdowns and disk interrupts in the test host meanwhile)
 //	CUBE_STRESS_WORKLOAD=busy ... (the guest's container: forks (default) or busy)
+//	CUBE_STRESS_VCPUS=1 ...       (the nested guest's vCPUs: 2 (default) or 1)
 //
 // The platform under test comes from the CUBE_TESTHOST_* variables (testhost.Platform). It ends with one
 // line of figures ("stress: ..."); every test host's output and console, and each kernel report, are kept in
@@ -101,15 +102,21 @@ func drive(env *sandboxenv.Env, total int) int {
 		fmt.Fprintln(os.Stderr, "FAIL:", err)
 		return 1
 	}
-	platform := (testhost.Options{}).Resolved().Platform
+	resolved := (testhost.Options{}).Resolved()
+	platform := resolved.Platform
 	workload, err := workloadName()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL:", err)
 		return 2
 	}
-	load := "workload " + workload + ", no host load"
+	vcpus, err := guestVCPUs()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		return 2
+	}
+	load := fmt.Sprintf("smp %d, ", resolved.CPUs) + "workload " + workload + ", " + vcpus + " guest vCPUs, no host load"
 	if os.Getenv(envLoad) == "1" {
-		load = "workload " + workload + ", host load"
+		load = fmt.Sprintf("smp %d, ", resolved.CPUs) + "workload " + workload + ", " + vcpus + " guest vCPUs, host load"
 	}
 	fmt.Printf("stress: %d lifecycles on %s, %s; logs go to %s\n", total, platform, load, logDir)
 	t := &tally{results: map[string]int{}, kernel: map[string]int{}}
@@ -121,7 +128,7 @@ func drive(env *sandboxenv.Env, total int) int {
 			Files:   env.Files,
 			Timeout: 5*time.Minute + time.Duration(left)*time.Minute,
 			Env: []string{envCount + "=" + strconv.Itoa(left), envFirst + "=" + strconv.Itoa(done+1),
-				envLoad + "=" + os.Getenv(envLoad), envWorkload + "=" + workload},
+				envLoad + "=" + os.Getenv(envLoad), envWorkload + "=" + workload, envVCPUs + "=" + vcpus},
 		}
 		res, err := testhost.Run(ctx, o, testhost.Payload{Binary: exe, Args: []string{"-test.run=^TestLifecycles$", "-test.v"}}, progress{})
 		var re *testhost.RunError
