@@ -103,9 +103,10 @@ func Run(ctx context.Context, o Options, p Payload, output io.Writer) (*Result, 
 		return nil, err
 	}
 
-	// One test host at a time per machine: two would share the cores, and nested guests under a loaded TCG
-	// were the ones seen to stall. The wait does not count against the run's timeout.
-	unlock, err := lockMachine(ctx, logf)
+	// One core of the machine per test-host vCPU: test hosts that would share cores slow each other, and
+	// nested guests under a loaded TCG were the ones seen to stall. The wait does not count against the
+	// run's timeout.
+	unlock, err := lockMachine(ctx, opts.CPUs, logf)
 	if err != nil {
 		return nil, err
 	}

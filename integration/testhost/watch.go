@@ -8,7 +8,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -60,48 +62,97 @@ func watchConsole(path string, done <-chan struct{}, fatal func(line string)) {
 	}
 }
 
-// lockPath is the machine-wide lock test hosts take (see lockMachine); waiters queue in lockPath+".queue".
+// lockPath is the machine-wide lock test hosts take (see lockMachine): one slot per core of the machine,
+// slot 0 at lockPath and slot i at lockPath.i; waiters queue in lockPath+".queue".
 var lockPath = filepath.Join(os.TempDir(), "cube-testhost.lock")
 
-// lockMachine waits until no other test host runs on this machine and returns the unlock function. The lock
-// is an flock (released when the process dies); waiters take turns in arrival order through a queue of
-// tickets named by arrival time and pid, so a long queue does not starve one of them.
-func lockMachine(ctx context.Context, logf func(string, ...any)) (func(), error) {
-	f, err := os.OpenFile(lockPath, os.O_RDWR|os.O_CREATE, 0o666)
-	if err != nil {
-		return nil, fmt.Errorf("test host lock %s: %w", lockPath, err)
+// machineSlots is how many test-host vCPUs the machine runs at once: one per core (TCG keeps a vCPU's core
+// busy). A variable so tests can set it.
+var machineSlots = runtime.NumCPU()
+
+// lockMachine waits until the machine has a free core for each of the test host's vCPUs and returns the
+// unlock function: a 2-vCPU test host on a 2-core machine runs alone, two 1-vCPU ones run side by side. Each
+// core is an flock on its own file (released when the process dies); waiters take turns in arrival order
+// through a queue of tickets named by arrival time and pid, so a long queue does not starve one of them.
+func lockMachine(ctx context.Context, cpus int, logf func(string, ...any)) (func(), error) {
+	slots := machineSlots
+	if slots < 1 {
+		slots = 1
 	}
-	unlock := func() { unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() }
+	need := min(max(cpus, 1), slots)
 	queue := lockPath + ".queue"
 	if err := os.MkdirAll(queue, 0o777); err != nil {
-		f.Close()
 		return nil, fmt.Errorf("test host lock queue: %w", err)
 	}
-	ticket := filepath.Join(queue, fmt.Sprintf("%020d-%d-%p", time.Now().UnixNano(), os.Getpid(), f))
+	ticket := filepath.Join(queue, fmt.Sprintf("%020d-%d-%d", time.Now().UnixNano(), os.Getpid(), ticketSeq.Add(1)))
 	if err := os.WriteFile(ticket, nil, 0o666); err != nil {
-		f.Close()
 		return nil, fmt.Errorf("test host lock queue: %w", err)
 	}
 	defer os.Remove(ticket)
 	start := time.Now()
 	said := false
 	for {
-		if first(queue, ticket) && unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
-			if said {
-				logf("test host: lock acquired after %s", time.Since(start).Round(time.Second))
+		if first(queue, ticket) {
+			held, err := takeSlots(slots, need)
+			if err != nil {
+				return nil, err
 			}
-			return unlock, nil
+			if held != nil {
+				if said {
+					logf("test host: lock acquired after %s", time.Since(start).Round(time.Second))
+				}
+				return func() { releaseSlots(held) }, nil
+			}
 		}
 		if !said {
-			logf("test host: another test host runs on this machine; waiting for it (lock %s)", lockPath)
+			logf("test host: other test hosts use this machine's cores; waiting for %d of %d (lock %s)", need, slots, lockPath)
 			said = true
 		}
 		select {
 		case <-ctx.Done():
-			f.Close()
 			return nil, fmt.Errorf("wait for test host lock %s: %w", lockPath, ctx.Err())
 		case <-time.After(300 * time.Millisecond):
 		}
+	}
+}
+
+var ticketSeq atomic.Int64
+
+// slotPath is the lock file of core slot i.
+func slotPath(i int) string {
+	if i == 0 {
+		return lockPath
+	}
+	return fmt.Sprintf("%s.%d", lockPath, i)
+}
+
+// takeSlots flocks need of the slots lock files without waiting; it returns nil (holding none) when fewer are
+// free.
+func takeSlots(slots, need int) ([]*os.File, error) {
+	var held []*os.File
+	for i := 0; i < slots && len(held) < need; i++ {
+		f, err := os.OpenFile(slotPath(i), os.O_RDWR|os.O_CREATE, 0o666)
+		if err != nil {
+			releaseSlots(held)
+			return nil, fmt.Errorf("test host lock %s: %w", slotPath(i), err)
+		}
+		if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+			f.Close()
+			continue
+		}
+		held = append(held, f)
+	}
+	if len(held) < need {
+		releaseSlots(held)
+		return nil, nil
+	}
+	return held, nil
+}
+
+func releaseSlots(held []*os.File) {
+	for _, f := range held {
+		unix.Flock(int(f.Fd()), unix.LOCK_UN)
+		f.Close()
 	}
 }
 

@@ -41,26 +41,60 @@ func TestWatchConsoleStopsOnLockup(t *testing.T) {
 }
 
 func TestLockMachineSerializes(t *testing.T) {
-	old := lockPath
-	lockPath = filepath.Join(t.TempDir(), "lock")
-	defer func() { lockPath = old }()
+	old, oldSlots := lockPath, machineSlots
+	lockPath, machineSlots = filepath.Join(t.TempDir(), "lock"), 2
+	defer func() { lockPath, machineSlots = old, oldSlots }()
 	logf := func(string, ...any) {}
-	unlock, err := lockMachine(context.Background(), logf)
+	unlock, err := lockMachine(context.Background(), 2, logf)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A second holder (another open file description, as another process would have) waits.
+	// A second holder (another open file description, as another process would have) waits, even for one
+	// core: the first holds both.
 	ctx, cancel := context.WithTimeout(context.Background(), 1200*time.Millisecond)
 	defer cancel()
-	if _, err := lockMachine(ctx, logf); err == nil {
-		t.Fatal("second lock taken while the first is held")
+	if _, err := lockMachine(ctx, 1, logf); err == nil {
+		t.Fatal("second lock taken while the first holds every core")
 	}
 	unlock()
-	unlock2, err := lockMachine(context.Background(), logf)
+	unlock2, err := lockMachine(context.Background(), 2, logf)
 	if err != nil {
 		t.Fatalf("lock after unlock: %v", err)
 	}
 	unlock2()
+}
+
+func TestLockMachineOneCoreEach(t *testing.T) {
+	old, oldSlots := lockPath, machineSlots
+	lockPath, machineSlots = filepath.Join(t.TempDir(), "lock"), 2
+	defer func() { lockPath, machineSlots = old, oldSlots }()
+	logf := func(string, ...any) {}
+	a, err := lockMachine(context.Background(), 1, logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := lockMachine(context.Background(), 1, logf) // the second core
+	if err != nil {
+		t.Fatalf("second 1-vCPU test host: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 1200*time.Millisecond)
+	defer cancel()
+	if _, err := lockMachine(ctx, 1, logf); err == nil {
+		t.Fatal("a third 1-vCPU test host got a core of a 2-core machine")
+	}
+	// A 2-vCPU test host waits for both cores, not just the one freed first.
+	a()
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 1200*time.Millisecond)
+	defer cancel2()
+	if _, err := lockMachine(ctx2, 2, logf); err == nil {
+		t.Fatal("a 2-vCPU test host started with one core free")
+	}
+	b()
+	c, err := lockMachine(context.Background(), 4, logf) // more vCPUs than cores: all the cores
+	if err != nil {
+		t.Fatal(err)
+	}
+	c()
 }
 
 func TestKernelReport(t *testing.T) {

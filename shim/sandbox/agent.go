@@ -74,6 +74,11 @@ type AgentClient interface {
 	// Delete releases an exited process (execID set) or the container.
 	Delete(ctx context.Context, containerID, execID string, force bool) (ExitStatus, error)
 	SyncFilesystems(ctx context.Context) error
+	// FreezeFilesystems syncs and freezes (FIFREEZE) every disk the agent
+	// mounted: their images are then clean on disk, journal included.
+	FreezeFilesystems(ctx context.Context) error
+	// ThawFilesystems thaws what FreezeFilesystems froze (nothing frozen: no-op).
+	ThawFilesystems(ctx context.Context) error
 	// SetTime steps the guest's CLOCK_REALTIME (stale after a restore).
 	SetTime(ctx context.Context, t time.Time) error
 	// ReseedRandom mixes host entropy (16..4096 bytes) into the guest pool and

@@ -164,6 +164,16 @@ func (a *protocolAgent) SyncFilesystems(ctx context.Context) error {
 	return err
 }
 
+func (a *protocolAgent) FreezeFilesystems(ctx context.Context) error {
+	_, err := a.c.FreezeFilesystems(ctx, &protocol.FreezeRequest{})
+	return err
+}
+
+func (a *protocolAgent) ThawFilesystems(ctx context.Context) error {
+	_, err := a.c.ThawFilesystems(ctx, &protocol.ThawRequest{})
+	return err
+}
+
 func (a *protocolAgent) SetTime(ctx context.Context, t time.Time) error {
 	_, err := a.c.SetTime(ctx, &protocol.SetTimeRequest{UnixNano: t.UnixNano()})
 	return err

@@ -471,6 +471,11 @@ func TestPauseResume(t *testing.T) {
 	if !h.vmm.Paused || h.state("c1", "") != apitask.Status_PAUSED {
 		t.Fatal("not paused")
 	}
+	// The guest's filesystems freeze before the vCPUs stop (a host-side reader of the rootfs image then sees
+	// a clean filesystem) and thaw once they run again.
+	if !h.agent.Frozen() {
+		t.Fatal("paused, but the guest's filesystems were not frozen")
+	}
 	_, err := h.svc.Kill(h.ctx, &taskAPI.KillRequest{ID: "c1", Signal: 9})
 	wantCode(t, err, codes.FailedPrecondition, "paused")
 	_, err = h.svc.Pause(h.ctx, &taskAPI.PauseRequest{ID: "c1"})
@@ -480,6 +485,9 @@ func TestPauseResume(t *testing.T) {
 	}
 	if h.vmm.Paused || h.state("c1", "") != apitask.Status_RUNNING {
 		t.Fatal("not resumed")
+	}
+	if h.agent.Frozen() {
+		t.Fatal("resumed, but the guest's filesystems are still frozen")
 	}
 	_, err = h.svc.Resume(h.ctx, &taskAPI.ResumeRequest{ID: "c1"})
 	wantCode(t, err, codes.FailedPrecondition, "running")

@@ -39,6 +39,7 @@ type Agent struct {
 	Resizes []string
 	files   map[string]fakeFile
 	specs   map[string][]byte // container id -> spec given to CreateContainer
+	frozen  bool
 }
 
 type fakeFile struct {
@@ -507,6 +508,34 @@ func (a *Agent) Delete(ctx context.Context, cid, eid string, force bool) (sandbo
 }
 
 func (a *Agent) SyncFilesystems(ctx context.Context) error { return a.enter("SyncFilesystems") }
+
+// FreezeFilesystems and ThawFilesystems record the call; Frozen says whether the fake's disks are frozen.
+func (a *Agent) FreezeFilesystems(ctx context.Context) error {
+	if err := a.enter("FreezeFilesystems"); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.frozen = true
+	a.mu.Unlock()
+	return nil
+}
+
+func (a *Agent) ThawFilesystems(ctx context.Context) error {
+	if err := a.enter("ThawFilesystems"); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.frozen = false
+	a.mu.Unlock()
+	return nil
+}
+
+// Frozen says whether the guest's filesystems are frozen (FreezeFilesystems without a thaw since).
+func (a *Agent) Frozen() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.frozen
+}
 
 func (a *Agent) SetTime(ctx context.Context, t time.Time) error {
 	if t.IsZero() {
