@@ -429,6 +429,12 @@ func TestCtrTasks(t *testing.T) {
 		if err != nil || len(pids.Pids) == 0 {
 			t.Fatalf("restored VM: pids of %s: %v %v", id, pids, err)
 		}
+		// ctr paused the task around the checkpoint, and a paused sandbox's filesystems are frozen (so
+		// containerd's diff of the rootfs image reads a clean filesystem): the snapshot holds them frozen,
+		// and whatever restores it thaws them, as here.
+		if _, err := agent.ThawFilesystems(c, &protocol.ThawRequest{}); err != nil {
+			t.Fatalf("restored VM: thaw: %v", err)
+		}
 		readCount := func() int {
 			t.Helper()
 			r, err := agent.ReadFile(c, &protocol.ReadFileRequest{ContainerId: id, Path: "/count", Length: 64})
