@@ -22,7 +22,6 @@ type Process struct {
 
 func (p Process) String() string { return "pid " + strconv.Itoa(p.PID) }
 
-// procRoot is where /proc is (tests do not change it; kept for clarity).
 const procRoot = "/proc"
 
 // readBootID returns the current boot's id.
