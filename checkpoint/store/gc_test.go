@@ -142,7 +142,17 @@ func TestCollectCrashedOp(t *testing.T) {
 	if err != nil || got.Op != "fork-9" || got.Parent != parent {
 		t.Fatalf("op snapshot before Collect: %+v %v", got, err)
 	}
+	// A clone still maps the child: both stay (the parent is the child's),
+	// reported as kept.
+	if err := s.Acquire(ctx, child, store.Holder{Name: "clone 1"}); err != nil {
+		t.Fatal(err)
+	}
 	rep, err := s.Collect(ctx)
+	if err != nil || len(rep.Removed) != 0 || len(rep.Kept) != 2 || !strings.Contains(rep.Kept[0], `held by "clone 1"`) || !strings.Contains(rep.Kept[1], "parent of "+child) {
+		t.Fatalf("Collect while held: %+v %v", rep, err)
+	}
+	s.Release(ctx, child, "clone 1")
+	rep, err = s.Collect(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -190,7 +190,7 @@ func (p *Pending) inspect() (*entryFile, error) {
 	vs, err := snapshot.Open(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		if _, serr := os.Stat(dir); errors.Is(serr, fs.ErrNotExist) {
-			return nil, fmt.Errorf("nothing at %s: have cube-vmm write the VM snapshot there (snapshot op, dir %s) before Commit: %w", dir, dir, errdefs.ErrFailedPrecondition)
+			return nil, fmt.Errorf("nothing at %s: have cube-vmm write the VM snapshot there (its snapshot op with this dir) before Commit: %w", dir, errdefs.ErrFailedPrecondition)
 		}
 	}
 	if err != nil {

@@ -61,7 +61,8 @@ type Options struct {
 // Store is a snapshot store on one root. Its methods are safe for concurrent
 // use, and several Stores (in one process or in several) may share a root:
 // every mutation holds an exclusive flock on the root's lock file, every
-// read a shared one, and nothing is cached in memory between calls.
+// read a shared one, and nothing is cached in memory between calls. A Store
+// holds no open file between calls: there is nothing to close.
 type Store struct {
 	root string
 	boot string // this boot's id
