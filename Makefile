@@ -90,7 +90,7 @@ demo: deps build
 	$(GO) test -count=1 -v -run TestCtrRun ./integration/shim
 
 # Every fuzz target, one after another (each part's FUZZTIME / DEVICE_FUZZTIME per target).
-fuzz: fuzz-hypervisor fuzz-devices agent-fuzz snapshotter-fuzz fuzz-shim fuzz-snapshot
+fuzz: fuzz-hypervisor fuzz-devices agent-fuzz snapshotter-fuzz fuzz-shim fuzz-snapshot fuzz-store
 
 clean:
 	rm -rf $(BIN)
@@ -236,3 +236,10 @@ fuzz-snapshot:
 	$(GO) test -run '^$$' -fuzz '^FuzzRestoreState$$' -fuzztime $(FUZZTIME) ./hypervisor/virtio/rng
 	$(GO) test -run '^$$' -fuzz '^FuzzRestoreState$$' -fuzztime $(FUZZTIME) ./hypervisor/devices/serial
 # <<< snapshot
+
+# >>> store (issue 14 item 1) — the snapshot store, checkpoint/store.
+.PHONY: fuzz-store
+# The parsers of the store's metadata files (snapshot, pending Begin, reference).
+fuzz-store:
+	$(GO) test -run '^$$' -fuzz '^FuzzParseMetadata$$' -fuzztime $(FUZZTIME) ./checkpoint/store
+# <<< store

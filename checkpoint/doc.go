@@ -1,5 +1,5 @@
 // Package checkpoint is the layer above the VMM: the snapshot store, the mapping onto containerd's
 // checkpoint and restore, fork and the HTTP facade live here (../shared/ARCHITECTURE.md). The VM snapshot's
 // on-disk format is not here: it is hypervisor/snapshot, which this layer uses and which imports nothing of
-// it. Nothing is implemented here yet.
+// it. So far: the snapshot store (checkpoint/store, docs/store.md).
 package checkpoint

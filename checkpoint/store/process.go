@@ -1,0 +1,128 @@
+package store
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// Process identifies a process across pid reuse and reboots: its pid, its
+// start time after boot (clock ticks, /proc/PID/stat field 22) and the boot
+// it ran in (/proc/sys/kernel/random/boot_id). References and unfinished
+// snapshots record the process they belong to; they are stale once it is gone.
+type Process struct {
+	PID   int    `json:"pid"`
+	Start uint64 `json:"start"`
+	Boot  string `json:"boot"`
+}
+
+func (p Process) String() string { return "pid " + strconv.Itoa(p.PID) }
+
+const procRoot = "/proc"
+
+// readBootID returns the current boot's id.
+func readBootID() (string, error) {
+	b, err := os.ReadFile(procRoot + "/sys/kernel/random/boot_id")
+	if err != nil {
+		return "", fmt.Errorf("boot id: %w", err)
+	}
+	id := strings.TrimSpace(string(b))
+	if err := checkBoot(id); err != nil {
+		return "", err
+	}
+	return id, nil
+}
+
+func checkBoot(id string) error {
+	if id == "" || len(id) > 64 {
+		return fmt.Errorf("boot id %q: 1 to 64 bytes", id)
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || c == '-') {
+			return fmt.Errorf("boot id %q: only hex digits and '-'", id)
+		}
+	}
+	return nil
+}
+
+// checkProcess validates a recorded process (from a file).
+func checkProcess(p Process) error {
+	if p.PID < 1 || p.PID > 1<<22 {
+		return fmt.Errorf("pid %d out of range", p.PID)
+	}
+	if p.Start == 0 {
+		return fmt.Errorf("pid %d: no start time", p.PID)
+	}
+	return checkBoot(p.Boot)
+}
+
+// processStat is what liveness needs from /proc/PID/stat.
+type processStat struct {
+	state byte
+	start uint64
+}
+
+// readStat reads /proc/PID/stat; fs.ErrNotExist when there is no such process.
+func readStat(pid int) (processStat, error) {
+	b, err := os.ReadFile(procRoot + "/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return processStat{}, err
+	}
+	return parseStat(b)
+}
+
+// parseStat parses a /proc/PID/stat line: "pid (comm) state ppid …", comm
+// may hold anything, so fields are counted after its last ')'.
+func parseStat(b []byte) (processStat, error) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return processStat{}, errors.New("/proc stat: no ')'")
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// f[0] is field 3 (state), so field 22 (starttime) is f[19].
+	if len(f) < 20 || len(f[0]) != 1 {
+		return processStat{}, errors.New("/proc stat: too few fields")
+	}
+	start, err := strconv.ParseUint(f[19], 10, 64)
+	if err != nil {
+		return processStat{}, fmt.Errorf("/proc stat: start time: %w", err)
+	}
+	return processStat{state: f[0][0], start: start}, nil
+}
+
+// processOf identifies the running process pid.
+func processOf(pid int, boot string) (Process, error) {
+	st, err := readStat(pid)
+	if errors.Is(err, fs.ErrNotExist) {
+		return Process{}, fmt.Errorf("pid %d: no such process", pid)
+	}
+	if err != nil {
+		return Process{}, fmt.Errorf("pid %d: %w", pid, err)
+	}
+	if st.state == 'Z' || st.state == 'X' {
+		return Process{}, fmt.Errorf("pid %d has exited", pid)
+	}
+	return Process{PID: pid, Start: st.start, Boot: boot}, nil
+}
+
+// alive says whether p still runs: same boot, a process with its pid and
+// start time, not a zombie. When /proc cannot say (an error other than "no
+// such process"), p counts as alive: a reference is dropped only when its
+// process is known to be gone, never on a guess.
+func (p Process) alive(boot string) bool {
+	if p.Boot != boot {
+		return false
+	}
+	st, err := readStat(p.PID)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false
+	}
+	if err != nil {
+		return true
+	}
+	return st.start == p.Start && st.state != 'Z' && st.state != 'X'
+}
