@@ -65,14 +65,17 @@ NON_E2E_PKGS = $(shell $(GO) list ./... | grep -v /integration/)
 test-full: vet
 	$(GO) test -count=1 -p 1 $(NON_E2E_PKGS)
 
-# Test host tier: each package boots one QEMU test host; -p 1 so two test hosts never share the 2 cores.
+# Test host tier: each package boots one QEMU test host of 1 vCPU (integration/testhost, DefaultCPUs); packages
+# run E2E_P at a time (default: one per core), and the test hosts' machine lock gives each vCPU a core of its
+# own, so a 2-vCPU test host (CUBE_TESTHOST_SMP=2) waits for both.
+E2E_P     ?= $(shell nproc 2>/dev/null || echo 1)
 e2e: deps
-	$(GO) test -count=1 -p 1 -timeout 60m -v -run '$(RUN)' $(E2E_PKGS)
+	$(GO) test -count=1 -p $(E2E_P) -timeout 60m -v -run '$(RUN)' $(E2E_PKGS)
 
 # The e2e tier runs first, on a machine nothing else has touched yet (under QEMU 7.2, nested guests froze test
 # hosts more often after the root tier had run; kept as a cheap precaution).
 test: deps vet
-	$(GO) test -count=1 -p 1 -timeout 60m -v $(E2E_PKGS)
+	$(GO) test -count=1 -p $(E2E_P) -timeout 60m -v $(E2E_PKGS)
 	$(GO) test -count=1 -p 1 $(NON_E2E_PKGS)
 
 # Test-host stability (opt-in: `make test` runs only the package's unit tests): nested VM lifecycles in test
