@@ -31,14 +31,12 @@ type fake struct {
 
 	mu       sync.Mutex
 	tx       [][]byte
-	txc      chan struct{}
 	set      []uint32
 	writeErr error
 }
 
 func newFake(vnetHdr bool, offloads uint32) *fake {
-	return &fake{vnet: vnetHdr, offloads: offloads, rx: make(chan []byte, 16), closed: make(chan struct{}),
-		txc: make(chan struct{}, 1024)}
+	return &fake{vnet: vnetHdr, offloads: offloads, rx: make(chan []byte, 16), closed: make(chan struct{})}
 }
 
 func (f *fake) ReadFrame(p []byte) (int, error) {
@@ -57,7 +55,6 @@ func (f *fake) WriteFrame(p []byte) error {
 		return f.writeErr
 	}
 	f.tx = append(f.tx, bytes.Clone(p))
-	f.txc <- struct{}{}
 	return nil
 }
 
