@@ -3,7 +3,6 @@ package net_test
 import (
 	"bytes"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,72 +13,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	vnet "github.com/cube-runtime/cube/hypervisor/virtio/net"
+	"github.com/cube-runtime/cube/hypervisor/virtio/net/taptest"
 	"github.com/cube-runtime/cube/hypervisor/virtio/virtiotest"
 )
-
-// needTun skips when the machine has no /dev/net/tun or the test is not
-// root (making a tap needs CAP_NET_ADMIN).
-func needTun(t *testing.T) {
-	t.Helper()
-	if _, err := os.Stat(vnet.TunDevice); errors.Is(err, os.ErrNotExist) {
-		t.Skipf("no %s on this machine: the real TAP backend is not tested", vnet.TunDevice)
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("not root: cannot make a tap (CAP_NET_ADMIN) to test the real TAP backend")
-	}
-}
-
-// makeTap makes a persistent tap (as `ip tuntap add mode tap` does), up,
-// with IPv6 off so the host sends nothing on it by itself; the test's
-// cleanup deletes it.
-func makeTap(t *testing.T, extraFlags uint16) string {
-	t.Helper()
-	name := fmt.Sprintf("cubet%d", os.Getpid()%100000)
-	for i := 0; ; i++ {
-		if _, err := os.Stat(filepath.Join("/sys/class/net", name)); err != nil {
-			break
-		}
-		name = fmt.Sprintf("cubet%d_%d", os.Getpid()%100000, i)
-	}
-	fd := attach(t, name, unix.IFF_TAP|unix.IFF_NO_PI|extraFlags)
-	if err := unix.IoctlSetInt(fd, unix.TUNSETPERSIST, 1); err != nil {
-		t.Fatalf("TUNSETPERSIST: %v", err)
-	}
-	unix.Close(fd)
-	t.Cleanup(func() {
-		fd := attach(t, name, unix.IFF_TAP|unix.IFF_NO_PI|extraFlags)
-		unix.IoctlSetInt(fd, unix.TUNSETPERSIST, 0)
-		unix.Close(fd)
-	})
-	os.WriteFile("/proc/sys/net/ipv6/conf/"+name+"/disable_ipv6", []byte("1"), 0o644)
-	s, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(s)
-	ifr, _ := unix.NewIfreq(name)
-	ifr.SetUint16(unix.IFF_UP)
-	if err := unix.IoctlIfreq(s, unix.SIOCSIFFLAGS, ifr); err != nil {
-		t.Fatalf("tap %s up: %v", name, err)
-	}
-	return name
-}
-
-// attach opens /dev/net/tun and attaches it to name with flags.
-func attach(t *testing.T, name string, flags uint16) int {
-	t.Helper()
-	fd, err := unix.Open(vnet.TunDevice, unix.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ifr, _ := unix.NewIfreq(name)
-	ifr.SetUint16(flags)
-	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
-		unix.Close(fd)
-		t.Fatalf("TUNSETIFF %s: %v", name, err)
-	}
-	return fd
-}
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
@@ -149,8 +85,8 @@ func tcpFrame(n int, marker string) []byte {
 }
 
 func TestTapRefusals(t *testing.T) {
-	needTun(t)
-	name := makeTap(t, 0)
+	taptest.Need(t)
+	name := taptest.Make(t, "cubet", 0)
 	for _, c := range []struct{ name, want string }{
 		{"cube-no-such0", "no such interface"},
 		{"lo", "not a tun/tap"},
@@ -184,9 +120,9 @@ func TestTapRefusals(t *testing.T) {
 // TestTapFromFD: a tap the caller attached without IFF_VNET_HDR runs
 // without offloads.
 func TestTapFromFD(t *testing.T) {
-	needTun(t)
-	name := makeTap(t, 0)
-	fd := attach(t, name, unix.IFF_TAP|unix.IFF_NO_PI)
+	taptest.Need(t)
+	name := taptest.Make(t, "cubet", 0)
+	fd := taptest.Attach(t, name, unix.IFF_TAP|unix.IFF_NO_PI)
 	tap, err := vnet.TapFromFD(fd)
 	if err != nil {
 		unix.Close(fd)
@@ -219,8 +155,8 @@ func TestTapFromFD(t *testing.T) {
 // TestTapFrames drives a device over a real tap both ways, with the tap's
 // offloads on: a plain frame each way and a 4 KiB TSO frame out.
 func TestTapFrames(t *testing.T) {
-	needTun(t)
-	name := makeTap(t, 0)
+	taptest.Need(t)
+	name := taptest.Make(t, "cubet", 0)
 	tap, err := vnet.OpenTap(name)
 	if err != nil {
 		t.Fatal(err)
