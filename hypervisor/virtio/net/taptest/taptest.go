@@ -115,3 +115,29 @@ func SetUp(name string) error {
 	}
 	return nil
 }
+
+// SetIPv4 gives the interface an IPv4 address and netmask (SIOCSIFADDR,
+// SIOCSIFNETMASK), as `ip addr add ADDR/PREFIX dev NAME` would.
+func SetIPv4(name string, addr, mask [4]byte) error {
+	s, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(s)
+	for _, c := range []struct {
+		req uint
+		v   [4]byte
+	}{{unix.SIOCSIFADDR, addr}, {unix.SIOCSIFNETMASK, mask}} {
+		ifr, err := unix.NewIfreq(name)
+		if err != nil {
+			return err
+		}
+		if err := ifr.SetInet4Addr(c.v[:]); err != nil {
+			return err
+		}
+		if err := unix.IoctlIfreq(s, c.req, ifr); err != nil {
+			return fmt.Errorf("%s: set address %v: %w", name, c.v, err)
+		}
+	}
+	return nil
+}
