@@ -36,6 +36,9 @@ var Modules = []Module{
 	{"vmw_vsock_virtio_transport_common", "kernel/net/vmw_vsock/vmw_vsock_virtio_transport_common.ko"},
 	{"vmw_vsock_virtio_transport", "kernel/net/vmw_vsock/vmw_vsock_virtio_transport.ko"},
 	{"virtio_rng", "kernel/drivers/char/hw_random/virtio-rng.ko"},
+	{"failover", "kernel/net/core/failover.ko"},
+	{"net_failover", "kernel/drivers/net/net_failover.ko"},
+	{"virtio_net", "kernel/drivers/net/virtio_net.ko"},
 }
 
 // ModuleLoader loads modules with finit_module(2).

@@ -540,6 +540,12 @@ func (m *Machine) Close() error {
 }
 
 func (m *Machine) release() {
+	// Virtio transports first: once reset, no device touches guest memory
+	// (virtio-net's receive and vsock's host side run on goroutines of
+	// their own, and their owner may close them after the machine).
+	for _, v := range m.virtio {
+		v.tr.Reset()
+	}
 	for _, c := range m.cpus {
 		c.CPU.Close()
 	}

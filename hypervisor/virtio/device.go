@@ -10,6 +10,7 @@ var logger = logrus.WithField("component", "virtio")
 
 // Virtio device IDs.
 const (
+	IDNet   = 1
 	IDBlock = 2
 	IDRNG   = 4
 	IDVsock = 19

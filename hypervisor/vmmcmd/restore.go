@@ -46,6 +46,7 @@ Flags (default: what the snapshotted VMM had):
 // configuration.
 type restoreFlags struct {
 	control, vsock, console, logLevel, diskDir, kvm string
+	nets                                            netFlags
 }
 
 // usageError marks a restore error as the caller's (exit 2).
@@ -148,6 +149,9 @@ func (r *restored) prepare(snap *snapshot.Snapshot, f restoreFlags, stdout io.Wr
 	if err != nil {
 		return cfg, nil, usageError{fmt.Errorf("log level: %v", err)}
 	}
+	if err := restoreNets(cfg.Net, f.nets); err != nil {
+		return cfg, nil, usageError{err}
+	}
 	log.SetLevel(lvl)
 	// The console before the disk copies: the cheap refusals first.
 	console, closeConsole, err := openConsole(cfg.Console, stdout)
@@ -240,6 +244,7 @@ func runRestore(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.logLevel, "log-level", "", "log level")
 	fs.StringVar(&f.diskDir, "disk-dir", "", "put working copies of writable disks in this `dir` (default: their recorded paths)")
 	fs.StringVar(&f.kvm, "kvm", "", "KVM device `path`")
+	fs.Var(&f.nets, "net", "virtio-net device `tap=NAME|fd=N` in place of the snapshot's (repeatable, one per device in order; a mac= must be the snapshot's)")
 	paused := fs.Bool("paused", false, "start with the vCPUs paused (resume through the control socket)")
 	standby := fs.Bool("standby", false, "start without a snapshot and restore the one a restore op on -control names (see above)")
 	if err := fs.Parse(args); err != nil {

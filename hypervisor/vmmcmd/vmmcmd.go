@@ -55,6 +55,7 @@ type Config struct {
 	Vsock         string `toml:"vsock" json:"Vsock"`                  // hybrid vsock Unix socket path; empty: no vsock device
 	VsockCID      uint64 `toml:"vsock_cid" json:"VsockCID"`           // guest CID, default 3
 	RNG           bool   `toml:"rng" json:"RNG"`                      // virtio-rng, default on
+	Net           []Net  `toml:"net" json:"Net,omitempty"`            // virtio-net devices on taps, after every other device
 }
 
 // Disk is one virtio-blk disk ([[disk]] in the config file).
@@ -258,6 +259,9 @@ func machineConfig(cfg *Config, stdin io.Reader, stdout io.Writer, log *logrus.L
 	if err := uniqueSerials(cfg.Disks); err != nil {
 		return mc, nil, err
 	}
+	if err := checkNets(cfg.Net); err != nil {
+		return mc, nil, err
+	}
 	// Last: nothing to close on the refusals above.
 	out, closeConsole, err := openConsole(cfg.Console, stdout)
 	if err != nil {
@@ -319,6 +323,10 @@ func attachDevices(m *machine.Machine, cfg *Config) (func(), error) {
 			return closeAll, fmt.Errorf("rng: %w", err)
 		}
 	}
+	// Last: a configuration without net devices keeps its PCI slots.
+	if err := attachNets(m, cfg.Net, &closers); err != nil {
+		return closeAll, err
+	}
 	return closeAll, nil
 }
 
@@ -361,6 +369,8 @@ func parse(args []string, stderr io.Writer) (Config, error) {
 	fs.StringVar(&f.Vsock, "vsock", "", "virtio-vsock with its host side on this Unix socket `path` (host connects and writes \"CONNECT <port>\\n\"; guest connections to port P go to PATH_P)")
 	fs.Uint64Var(&f.VsockCID, "vsock-cid", cfg.VsockCID, "guest vsock CID (>= 3)")
 	fs.BoolVar(&f.RNG, "rng", cfg.RNG, "virtio-rng entropy device")
+	var nets netFlags
+	fs.Var(&nets, "net", "virtio-net device `tap=NAME|fd=N[,mac=XX:XX:XX:XX:XX:XX]` on an existing tap (by name, or an attached tap fd the caller passed); no mac: a random locally administered one (repeatable: eth0, eth1, … in order)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -418,6 +428,8 @@ func parse(args []string, stderr io.Writer) (Config, error) {
 			cfg.VsockCID = f.VsockCID
 		case "rng":
 			cfg.RNG = f.RNG
+		case "net":
+			cfg.Net = append(cfg.Net, nets...)
 		}
 	})
 	if cfg.Kernel == "" {

@@ -121,6 +121,9 @@ func TestBadInvocations(t *testing.T) {
 		{[]string{"-bogus"}, "bogus"},
 		{[]string{"-kernel", guestKernel, "-vcpus", "0"}, "vCPUs"},
 		{[]string{"-kernel", guestKernel, "-memory", "abc"}, "invalid value"},
+		{[]string{"-kernel", guestKernel, "-net", "tap=cube-nosuch0"}, `tap "cube-nosuch0": no such interface`},
+		{[]string{"-kernel", guestKernel, "-net", "tap=t0,mac=52:54:00:zz:00:01"}, "mac"},
+		{[]string{"-kernel", guestKernel, "-net", "mac=52:54:00:12:00:01"}, "missing tap="},
 	} {
 		out, err := exec.CommandContext(context.Background(), cubeVMM, c.args...).CombinedOutput()
 		var ee *exec.ExitError

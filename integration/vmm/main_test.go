@@ -28,7 +28,7 @@ const (
 )
 
 // devicesModules are what the devices guest loads (with their dependencies) to see our virtio devices.
-var devicesModules = []string{"virtio_pci", "virtio_blk", "virtio_rng", "vmw_vsock_virtio_transport"}
+var devicesModules = []string{"virtio_pci", "virtio_blk", "virtio_rng", "vmw_vsock_virtio_transport", "virtio_net"}
 
 // bootMarker is what the marker guest's /init prints first thing in userspace.
 const bootMarker = "CUBE-BOOT-MARKER"
@@ -56,6 +56,7 @@ func TestMain(m *testing.M) {
 	code := testhost.RunMain(m, testhost.Options{
 		Timeout: 15 * time.Minute,
 		Tools:   []string{"qemu-system-x86_64", "socat"},
+		Modules: []string{"tun"}, // taps for TestGuestNet
 		Files:   files,
 	})
 	cleanup() // not deferred: os.Exit skips deferred calls
@@ -146,6 +147,19 @@ devices)
 	echo "VSOCK_LISTENING=5000"
 	echo "guest-to-host" | timeout 60 socat - VSOCK-CONNECT:2:6000 && echo "VSOCK_DIAL=ok"
 	wait
+	;;
+net)
+	# virtio-net on a tap whose host side is 10.0.2.2/24 (TestGuestNet).
+	echo "MAC=$(cat /sys/class/net/eth0/address)"
+	echo "FEATURES=$(cat /sys/class/net/eth0/device/features)"
+	ip link set lo up
+	ip link set eth0 up
+	ip addr add 10.0.2.15/24 dev eth0
+	if ping -c 3 -W 10 10.0.2.2 >/dev/null; then echo "PING=ok"; else echo "PING=failed"; fi
+	echo "REPLY=$(echo hello-from-guest | timeout 60 nc 10.0.2.2 7000)"
+	echo "BULK_OUT=$(dd if=/dev/zero bs=65536 count=64 2>/dev/null | timeout 120 nc 10.0.2.2 7001)"
+	echo "BULK_IN=$(timeout 120 nc 10.0.2.2 7002 </dev/null | wc -c)"
+	echo "RX_ERRORS=$(cat /sys/class/net/eth0/statistics/rx_errors)"
 	;;
 reboot) reboot -f ;;
 panic) echo c >/proc/sysrq-trigger ;;
