@@ -121,7 +121,8 @@ func drive(env *sandboxenv.Env, total int) int {
 	fmt.Printf("stress: %d lifecycles on %s, %s; logs go to %s\n", total, platform, load, logDir)
 	t := &tally{results: map[string]int{}, kernel: map[string]int{}}
 	begin := time.Now()
-	for done := 0; done < total && ctx.Err() == nil; {
+	done := 0
+	for done < total && ctx.Err() == nil {
 		t.hosts++
 		left := total - done
 		o := testhost.Options{
@@ -175,7 +176,7 @@ func drive(env *sandboxenv.Env, total int) int {
 		}
 		t.warnings += bytes.Count(res.Console, []byte("] WARNING: CPU: "))
 	}
-	t.lifecycles = total
+	t.lifecycles = done // fewer than asked when interrupted
 	t.wall = time.Since(begin)
 	fmt.Println(t.summary(platform, load))
 	return 0
