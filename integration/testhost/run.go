@@ -127,7 +127,11 @@ func Run(ctx context.Context, o Options, p Payload, output io.Writer) (*Result, 
 	rctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
 	cmd := exec.Command(qemu, args...)
-	cmd.Stdin = nil
+	// The second serial port's input (QEMU's stdin) gets a byte a second: see kickSerial.
+	kick, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
 	var qerr bytes.Buffer
 	cmd.Stderr = &qerr
 	// Own process group, and killed with us if we die, so no QEMU outlives its caller.
@@ -141,6 +145,7 @@ func Run(ctx context.Context, o Options, p Payload, output io.Writer) (*Result, 
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", qemu, err)
 	}
+	go kickSerial(kick)
 	logrus.Debugf("test host: %s %s", qemu, strings.Join(args, " "))
 	logrus.Infof("test host: %d vCPUs, %d MiB, %s", opts.CPUs, opts.MemoryMiB, opts.Platform)
 	stopKill := context.AfterFunc(rctx, func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
@@ -389,4 +394,22 @@ func treeSize(root string) (int64, error) {
 		return nil
 	})
 	return n, err
+}
+
+// kickSerial writes a byte a second into the test host's second serial port until QEMU goes away (the write
+// fails). Each byte is a UART interrupt in the test host, which stage 2 has in raw mode without echo, so the
+// bytes go nowhere. Why: a 1-vCPU test host was seen idle for good, its kernel's own 60-second watchdog line
+// never printed — its timer interrupt lost, most likely a CPU_INTERRUPT_HARD request dropped by QEMU's
+// unlocked update in helper_vmrun racing the main loop's APIC timer (docs/testhost.md). With two vCPUs an IPI
+// from the other one raised it again; with one, nothing did. Any new interrupt makes QEMU's APIC raise the
+// request again for everything pending, the lost timer vector included.
+func kickSerial(w io.WriteCloser) {
+	defer w.Close()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for range t.C {
+		if _, err := w.Write([]byte{'.'}); err != nil {
+			return
+		}
+	}
 }
