@@ -24,7 +24,7 @@ help:
 	@echo "make build      binaries into bin/"
 	@echo "make guest      guest image into bin/guest (kernel + agent initramfs)"
 	@echo "make fuzz       every fuzz target in turn (FUZZTIME=30s each)"
-	@echo "make vet        go vet, gofmt, and the generated guest-agent protocol code against agent.proto"
+	@echo "make vet        go vet, gofmt, and the generated protocol code (agent, shim snapshot service) against its .proto"
 	@echo "make deps       install missing Debian packages and tools (as root)"
 
 deps:
@@ -40,17 +40,24 @@ build:
 guest: agent
 	$(GO) run ./cmd/cube-guestimage -agent $(BIN)/cube-agent -out $(BIN)/guest
 
-# Also checks the generated guest-agent protocol code against agent.proto (skipped, with the reason, where the
-# pinned generators are not installed; `make proto-check` insists).
+# Also checks the generated protocol code (guest-agent/protocol, shim/snapshotapi) against its .proto (skipped, with
+# the reason, where the pinned generators are not installed; `make proto-check` insists).
 vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 	@GO='$(GO)' bash .ci/proto-check --if-available
 
-# Fails if guest-agent/protocol/*.pb.go differ from what agent.proto produces (regenerated in a temporary
-# directory; needs the pinned protoc, protoc-gen-go, protoc-gen-go-ttrpc).
+# Fails if guest-agent/protocol/*.pb.go or shim/snapshotapi/*.pb.go differ from what agent.proto and
+# snapshot.proto produce (regenerated in a temporary directory; needs the pinned protoc, protoc-gen-go,
+# protoc-gen-go-ttrpc).
 proto-check:
 	@GO='$(GO)' bash .ci/proto-check
+
+# Regenerate shim/snapshotapi/*.pb.go, the shim's snapshot service cube.snapshot.v1 (the generators of
+# agent-proto, same pinned versions).
+.PHONY: snapshot-proto
+snapshot-proto:
+	PATH="$$PATH:$$($(GO) env GOPATH)/bin" $(GO) generate ./shim/snapshotapi
 
 # Unit tier (no root, no KVM) and host-KVM tier (tiny synthetic guests on this machine's /dev/kvm; those tests
 # skip with a message when it is absent). -short keeps the test host and the slow root tests out.
