@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
@@ -60,6 +61,7 @@ func Resolve(ctx context.Context, cs Containers, l Locator, id string) (Target, 
 type Containerd struct {
 	Client    *containerd.Client
 	Namespace string
+	Address   string // for messages
 }
 
 // ConnectTimeout bounds connecting to containerd.
@@ -67,12 +69,18 @@ const ConnectTimeout = 10 * time.Second
 
 // Connect connects to containerd at address for namespace ns.
 func Connect(ctx context.Context, address, ns string) (*Containerd, error) {
+	// The client dials lazily: a missing socket would show only as the
+	// first call's timeout.
+	if _, err := os.Stat(socketPath(address)); err != nil {
+		return nil, fmt.Errorf("containerd's socket: %w: is containerd running? (--address or CONTAINERD_ADDRESS names another socket): %w",
+			err, errdefs.ErrUnavailable)
+	}
 	c, err := containerd.New(address, containerd.WithDefaultNamespace(ns), containerd.WithTimeout(ConnectTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("connect to containerd at %s: %w: is containerd running there? (--address or CONTAINERD_ADDRESS names another socket): %w",
 			address, err, errdefs.ErrUnavailable)
 	}
-	return &Containerd{Client: c, Namespace: ns}, nil
+	return &Containerd{Client: c, Namespace: ns, Address: address}, nil
 }
 
 // Close closes the connection to containerd.
@@ -87,7 +95,7 @@ func (c *Containerd) Container(ctx context.Context, id string) (Container, error
 			id, c.Namespace, c.Namespace, errdefs.ErrNotFound)
 	}
 	if err != nil {
-		return Container{}, fmt.Errorf("container %s: ask containerd: %w", id, err)
+		return Container{}, fmt.Errorf("container %s: ask containerd at %s: %w (is containerd running? --address or CONTAINERD_ADDRESS names another socket)", id, c.Address, err)
 	}
 	info, err := ctr.Info(ctx, containerd.WithoutRefreshedMetadata)
 	if err != nil {

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/ttrpc"
 
 	api "github.com/cube-runtime/cube/shim/snapshotapi"
@@ -164,10 +165,30 @@ func socketPath(address string) string {
 	return p
 }
 
-// Client is a connection to a shim's snapshot service.
+// Client is a connection to a shim's snapshot service. Its errors carry
+// errdefs classes (errdefs.IsUnavailable: the sandbox is busy, …) and the
+// shim's message without the gRPC status prefix.
 type Client struct {
-	api.SnapshotsService
+	s api.SnapshotsService
 	c *ttrpc.Client
+}
+
+// Snapshot calls the service's Snapshot.
+func (c *Client) Snapshot(ctx context.Context, req *api.SnapshotRequest) (*api.SnapshotResponse, error) {
+	r, err := c.s.Snapshot(ctx, req)
+	return r, errgrpc.ToNative(err)
+}
+
+// List calls the service's List.
+func (c *Client) List(ctx context.Context, req *api.ListRequest) (*api.ListResponse, error) {
+	r, err := c.s.List(ctx, req)
+	return r, errgrpc.ToNative(err)
+}
+
+// Inspect calls the service's Inspect.
+func (c *Client) Inspect(ctx context.Context, req *api.InspectRequest) (*api.InspectResponse, error) {
+	r, err := c.s.Inspect(ctx, req)
+	return r, errgrpc.ToNative(err)
 }
 
 // Close closes the connection.
@@ -189,5 +210,5 @@ func Dial(ctx context.Context, address string) (*Client, error) {
 		return nil, fmt.Errorf("dial the shim at %s: %w: %w", address, err, errdefs.ErrUnavailable)
 	}
 	c := ttrpc.NewClient(conn)
-	return &Client{SnapshotsService: api.NewSnapshotsClient(c), c: c}, nil
+	return &Client{s: api.NewSnapshotsClient(c), c: c}, nil
 }

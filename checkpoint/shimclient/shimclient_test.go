@@ -12,6 +12,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/shim"
 	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/ttrpc"
 
 	"github.com/cube-runtime/cube/shim/manager"
@@ -133,6 +134,10 @@ func (listOnly) List(ctx context.Context, r *api.ListRequest) (*api.ListResponse
 	return &api.ListResponse{SandboxId: "sb-of-" + r.ContainerId}, nil
 }
 
+func (listOnly) Snapshot(ctx context.Context, r *api.SnapshotRequest) (*api.SnapshotResponse, error) {
+	return nil, errgrpc.ToGRPC(fmt.Errorf("sandbox x is busy: %w", errdefs.ErrUnavailable))
+}
+
 func TestDial(t *testing.T) {
 	srv, err := ttrpc.NewServer()
 	if err != nil {
@@ -154,6 +159,10 @@ func TestDial(t *testing.T) {
 	r, err := c.List(context.Background(), &api.ListRequest{ContainerId: "c1"})
 	if err != nil || r.SandboxId != "sb-of-c1" {
 		t.Fatalf("list: %+v %v", r, err)
+	}
+	// Errors come back with their class and the shim's message only.
+	if _, err := c.Snapshot(context.Background(), &api.SnapshotRequest{}); !errdefs.IsUnavailable(err) || err.Error() != "sandbox x is busy: unavailable" {
+		t.Fatalf("snapshot error: %q", err)
 	}
 	if _, err := Dial(context.Background(), "unix://"+sock+".gone"); !errdefs.IsUnavailable(err) {
 		t.Fatalf("dial a missing socket: %v", err)
