@@ -225,6 +225,7 @@ func TestSnapshotBusy(t *testing.T) {
 	}()
 	<-entered
 	_, errOut := w.cube(t, ExitFailure, "snapshot", "c1", "--name", "second")
+	t.Logf("busy: %s", errOut)
 	if !strings.Contains(errOut, `sandbox c1 is busy: snapshot "first" (of container c1)`) {
 		t.Fatalf("second snapshot: %s", errOut)
 	}

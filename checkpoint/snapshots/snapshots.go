@@ -75,7 +75,7 @@ func Take(ctx context.Context, st *store.Store, sh Shim, o Options) (t Taken, er
 	resp, err := sh.Snapshot(ctx, &api.SnapshotRequest{ContainerId: o.Container, Dir: p.Dir(), Incremental: o.Incremental,
 		Id: p.ID(), Names: o.Names})
 	if err != nil {
-		return Taken{}, fmt.Errorf("snapshot of %s: %w", o.Container, err)
+		return Taken{}, err // the shim's message names the container
 	}
 	snap, err := p.Commit(ctx)
 	if err != nil {
