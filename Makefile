@@ -97,7 +97,7 @@ demo: deps build
 	$(GO) test -count=1 -v -run TestCtrRun ./integration/shim
 
 # Every fuzz target, one after another (each part's FUZZTIME / DEVICE_FUZZTIME per target).
-fuzz: fuzz-hypervisor fuzz-devices agent-fuzz snapshotter-fuzz fuzz-shim fuzz-snapshot fuzz-store
+fuzz: fuzz-hypervisor fuzz-devices agent-fuzz snapshotter-fuzz fuzz-shim fuzz-snapshot fuzz-store fuzz-cli
 
 clean:
 	rm -rf $(BIN)
@@ -250,3 +250,14 @@ fuzz-snapshot:
 fuzz-store:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseMetadata$$' -fuzztime $(FUZZTIME) ./checkpoint/store
 # <<< store
+
+# >>> cube CLI and the shim's snapshot service (issue 14 items 2 and 5)
+.PHONY: cube fuzz-cli
+cube:
+	@mkdir -p $(BIN)
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/cube ./cmd/cube
+
+# containerd's bootstrap.json as the CLI reads it to find a shim.
+fuzz-cli:
+	$(GO) test -run '^$$' -fuzz '^FuzzParseBootstrap$$' -fuzztime $(FUZZTIME) ./checkpoint/shimclient
+# <<< cube CLI

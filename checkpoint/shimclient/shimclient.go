@@ -76,22 +76,14 @@ const maxBootstrap = 64 << 10
 // bundle directory: bootstrap.json (containerd 2: {"address":…,"protocol":…}),
 // else the address file (older containerds). NotFound when neither exists.
 func ReadAddress(bundle string) (string, error) {
-	b, err := readSmall(filepath.Join(bundle, "bootstrap.json"))
+	path := filepath.Join(bundle, "bootstrap.json")
+	b, err := readSmall(path)
 	if err == nil {
-		var p struct {
-			Address  string `json:"address"`
-			Protocol string `json:"protocol"`
+		a, err := ParseBootstrap(b)
+		if err != nil {
+			return "", fmt.Errorf("%s: %w", path, err)
 		}
-		if err := json.Unmarshal(b, &p); err != nil {
-			return "", fmt.Errorf("%s: %v: %w", filepath.Join(bundle, "bootstrap.json"), err, errdefs.ErrDataLoss)
-		}
-		if p.Protocol != "" && !strings.EqualFold(p.Protocol, "ttrpc") {
-			return "", fmt.Errorf("%s: the shim speaks %q, not ttrpc (not Cube's shim?): %w", filepath.Join(bundle, "bootstrap.json"), p.Protocol, errdefs.ErrNotImplemented)
-		}
-		if p.Address == "" {
-			return "", fmt.Errorf("%s holds no address: %w", filepath.Join(bundle, "bootstrap.json"), errdefs.ErrDataLoss)
-		}
-		return p.Address, nil
+		return a, nil
 	}
 	if !errors.Is(err, fs.ErrNotExist) {
 		return "", err
@@ -107,6 +99,26 @@ func ReadAddress(bundle string) (string, error) {
 		return a, nil
 	}
 	return "", fmt.Errorf("%s is empty: %w", filepath.Join(bundle, "address"), errdefs.ErrDataLoss)
+}
+
+// ParseBootstrap returns the ttrpc address in a bootstrap.json's contents
+// ({"version":3,"address":"unix:///…","protocol":"ttrpc"}, as containerd
+// writes the shim's start reply).
+func ParseBootstrap(b []byte) (string, error) {
+	var p struct {
+		Address  string `json:"address"`
+		Protocol string `json:"protocol"`
+	}
+	if err := json.Unmarshal(b, &p); err != nil {
+		return "", fmt.Errorf("%v: %w", err, errdefs.ErrDataLoss)
+	}
+	if p.Protocol != "" && !strings.EqualFold(p.Protocol, "ttrpc") {
+		return "", fmt.Errorf("the shim speaks %q, not ttrpc (not Cube's shim?): %w", p.Protocol, errdefs.ErrNotImplemented)
+	}
+	if p.Address == "" || strings.ContainsAny(p.Address, "\x00\n") {
+		return "", fmt.Errorf("no usable address (%.64q): %w", p.Address, errdefs.ErrDataLoss)
+	}
+	return p.Address, nil
 }
 
 func readSmall(path string) ([]byte, error) {
