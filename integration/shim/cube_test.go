@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -24,33 +25,42 @@ const cubeBin = "/cube/bin/cube"
 func (d *daemons) storeRoot() string { return store.RootBeside(d.dir + "/snaproot") }
 
 // cube runs the cube CLI against d's containerd (its address, namespace and
-// state directory) and store; a non-zero exit is rc, not an error.
+// state directory) and store, and returns its stdout and stderr together; a
+// non-zero exit is rc, not an error.
 func (d *daemons) cube(t *testing.T, args ...string) (string, int) {
+	t.Helper()
+	out, errOut, rc := d.cubeRun(t, args...)
+	return out + errOut, rc
+}
+
+// cubeRun is cube with stdout and stderr apart.
+func (d *daemons) cubeRun(t *testing.T, args ...string) (string, string, int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	all := append([]string{"--address", d.dir + "/containerd.sock", "--namespace", "e2e", "--state", d.dir + "/state",
 		"--store-root", d.storeRoot()}, args...)
 	cmd := exec.CommandContext(ctx, cubeBin, all...)
-	cmd.Env = d.env
+	var stdout, stderr bytes.Buffer
+	cmd.Env, cmd.Stdout, cmd.Stderr = d.env, &stdout, &stderr
 	cmd.WaitDelay = 10 * time.Second
-	b, err := cmd.CombinedOutput()
+	err := cmd.Run()
 	var ee *exec.ExitError
 	rc := 0
 	switch {
 	case errors.As(err, &ee):
 		rc = ee.ExitCode()
 	case err != nil:
-		t.Fatalf("cube %s: %v\n%s", strings.Join(args, " "), err, b)
+		t.Fatalf("cube %s: %v\n%s%s", strings.Join(args, " "), err, stdout.String(), stderr.String())
 	}
-	t.Logf("cube %s: rc %d\n%s", strings.Join(args, " "), rc, b)
-	return string(b), rc
+	t.Logf("cube %s: rc %d\n%s%s", strings.Join(args, " "), rc, stdout.String(), stderr.String())
+	return stdout.String(), stderr.String(), rc
 }
 
 // cubeJSON runs a cube command that prints a snapshot as JSON.
 func (d *daemons) cubeJSON(t *testing.T, args ...string) cli.Description {
 	t.Helper()
-	out, rc := d.cube(t, args...)
+	out, _, rc := d.cubeRun(t, args...)
 	var desc cli.Description
 	if rc != 0 {
 		t.Fatalf("cube %s: rc %d", strings.Join(args, " "), rc)
