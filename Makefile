@@ -24,7 +24,7 @@ help:
 	@echo "make build      binaries into bin/"
 	@echo "make guest      guest image into bin/guest (kernel + agent initramfs)"
 	@echo "make fuzz       every fuzz target in turn (FUZZTIME=30s each)"
-	@echo "make vet        go vet, gofmt, and the generated guest-agent protocol code against agent.proto"
+	@echo "make vet        go vet, gofmt, and the generated protocol code (agent, shim snapshot service) against its .proto"
 	@echo "make deps       install missing Debian packages and tools (as root)"
 
 deps:
@@ -40,17 +40,24 @@ build:
 guest: agent
 	$(GO) run ./cmd/cube-guestimage -agent $(BIN)/cube-agent -out $(BIN)/guest
 
-# Also checks the generated guest-agent protocol code against agent.proto (skipped, with the reason, where the
-# pinned generators are not installed; `make proto-check` insists).
+# Also checks the generated protocol code (guest-agent/protocol, shim/snapshotapi) against its .proto (skipped, with
+# the reason, where the pinned generators are not installed; `make proto-check` insists).
 vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 	@GO='$(GO)' bash .ci/proto-check --if-available
 
-# Fails if guest-agent/protocol/*.pb.go differ from what agent.proto produces (regenerated in a temporary
-# directory; needs the pinned protoc, protoc-gen-go, protoc-gen-go-ttrpc).
+# Fails if guest-agent/protocol/*.pb.go or shim/snapshotapi/*.pb.go differ from what agent.proto and
+# snapshot.proto produce (regenerated in a temporary directory; needs the pinned protoc, protoc-gen-go,
+# protoc-gen-go-ttrpc).
 proto-check:
 	@GO='$(GO)' bash .ci/proto-check
+
+# Regenerate shim/snapshotapi/*.pb.go, the shim's snapshot service cube.snapshot.v1 (the generators of
+# agent-proto, same pinned versions).
+.PHONY: snapshot-proto
+snapshot-proto:
+	PATH="$$PATH:$$($(GO) env GOPATH)/bin" $(GO) generate ./shim/snapshotapi
 
 # Unit tier (no root, no KVM) and host-KVM tier (tiny synthetic guests on this machine's /dev/kvm; those tests
 # skip with a message when it is absent). -short keeps the test host and the slow root tests out.
@@ -93,7 +100,7 @@ demo: deps build
 	$(GO) test -count=1 -v -run TestCtrRun ./integration/shim
 
 # Every fuzz target, one after another (each part's FUZZTIME / DEVICE_FUZZTIME per target).
-fuzz: fuzz-hypervisor fuzz-devices agent-fuzz snapshotter-fuzz fuzz-shim fuzz-snapshot fuzz-store
+fuzz: fuzz-hypervisor fuzz-devices agent-fuzz snapshotter-fuzz fuzz-shim fuzz-snapshot fuzz-store fuzz-cli
 
 clean:
 	rm -rf $(BIN)
@@ -246,3 +253,14 @@ fuzz-snapshot:
 fuzz-store:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseMetadata$$' -fuzztime $(FUZZTIME) ./checkpoint/store
 # <<< store
+
+# >>> cube CLI and the shim's snapshot service (issue 14 items 2 and 5)
+.PHONY: cube fuzz-cli
+cube:
+	@mkdir -p $(BIN)
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/cube ./cmd/cube
+
+# containerd's bootstrap.json as the CLI reads it to find a shim.
+fuzz-cli:
+	$(GO) test -run '^$$' -fuzz '^FuzzParseBootstrap$$' -fuzztime $(FUZZTIME) ./checkpoint/shimclient
+# <<< cube CLI

@@ -2,7 +2,7 @@
 # Debian 12; idempotent.
 #   busybox-static  container rootfs in the agent's unit tests (/bin/busybox, static)
 #   e2fsprogs       mkfs.ext4 -d for the disk/freeze test
-#   protobuf-compiler + protoc-gen-go + protoc-gen-go-ttrpc: `make agent-proto`, `make proto-check` (`make vet` skips the check without them)
+#   protobuf-compiler + protoc-gen-go + protoc-gen-go-ttrpc: `make agent-proto`, `make snapshot-proto` (shim/snapshotapi), `make proto-check` (`make vet` skips the check without them)
 agent_pkgs=()
 command -v mkfs.ext4 >/dev/null 2>&1 || agent_pkgs+=(e2fsprogs)
 command -v protoc >/dev/null 2>&1 || agent_pkgs+=(protobuf-compiler)

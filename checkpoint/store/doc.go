@@ -1,7 +1,8 @@
 // Package store is Cube's snapshot store: named, immutable VM snapshots on
 // disk with their lineage and the references of the VMs that map them. The
-// shim, the cube CLI and the HTTP facade all use it; several processes may
-// share one root. docs/store.md is the user-facing description.
+// cube CLI and the HTTP facade use it (the shim's VMM writes into the
+// directories they reserve; the shim does not open the store); several
+// processes may share one root. docs/store.md is the user-facing description.
 //
 // On-disk layout under the root (store format version 1, FormatVersion):
 //

@@ -22,7 +22,8 @@ var shimHypervisorDeps = map[string]bool{
 // TestShimLinksNoDeviceEmulation asserts the layering docs/shim.md and the
 // architecture brief state: the shim drives cube-vmm through its control
 // socket and reaches the guest over the hybrid vsock socket, and links
-// neither hypervisor/pci nor hypervisor/virtio (nor anything under them).
+// neither hypervisor/pci nor hypervisor/virtio (nor anything under them),
+// nor anything of checkpoint/ (the snapshot store is its callers').
 func TestShimLinksNoDeviceEmulation(t *testing.T) {
 	goBin, err := exec.LookPath("go") // go test puts GOROOT/bin first in PATH
 	if err != nil {
@@ -48,10 +49,15 @@ func TestShimLinksNoDeviceEmulation(t *testing.T) {
 			t.Errorf("the shim links %s (device emulation); see `go list -deps ./cmd/containerd-shim-cube-v1`", p)
 		case under(rel, "hypervisor") && !shimHypervisorDeps[p]:
 			t.Errorf("the shim links %s; of hypervisor/ it may use only %v", p, keys(shimHypervisorDeps))
+		case under(rel, "checkpoint"):
+			// checkpoint/ (the snapshot store, the CLI) is the layer above
+			// the shim: it calls the shim's snapshot service, never the reverse.
+			t.Errorf("the shim links %s: checkpoint/ is the layer above the shim", p)
 		}
 	}
-	// The list is the real one: the shim's own packages and its control client are in it.
-	for _, want := range []string{module + "/shim/sandbox", module + "/hypervisor/control"} {
+	// The list is the real one: the shim's own packages (its snapshot service
+	// too) and its control client are in it.
+	for _, want := range []string{module + "/shim/sandbox", module + "/shim/snapshotsvc", module + "/hypervisor/control"} {
 		if !seen[want] {
 			t.Errorf("go list -deps lacks %s; got:\n%s", want, out)
 		}

@@ -25,7 +25,8 @@ const (
 	guestInitrd = sandboxenv.GuestInitrd
 	rootfsImage = sandboxenv.RootfsImage
 	// For the containerd test: containerd 2.4.2 and ctr from the machine,
-	// our shim and snapshotter, and a busybox OCI image tar.
+	// our shim and snapshotter (and the cube CLI: cubeBin), and a busybox OCI
+	// image tar.
 	containerdBin  = "/cube/bin/containerd"
 	ctrBin         = "/cube/bin/ctr"
 	shimBin        = "/cube/bin/containerd-shim-cube-v1"
@@ -47,6 +48,7 @@ func TestMain(m *testing.M) {
 	env, err := sandboxenv.Prepare("cube-shim-e2e-", map[string]string{
 		shimBin:        "github.com/cube-runtime/cube/cmd/containerd-shim-cube-v1",
 		snapshotterBin: "github.com/cube-runtime/cube/cmd/cube-snapshotter",
+		cubeBin:        "github.com/cube-runtime/cube/cmd/cube",
 	})
 	if err == nil {
 		err = writeImageTar(env)

@@ -33,6 +33,8 @@ import (
 	"github.com/cube-runtime/cube/shim/manager"
 	"github.com/cube-runtime/cube/shim/sandbox"
 	"github.com/cube-runtime/cube/shim/sandbox/vmmtest"
+	"github.com/cube-runtime/cube/shim/snapshotapi"
+	_ "github.com/cube-runtime/cube/shim/snapshotsvc/plugin"
 	_ "github.com/cube-runtime/cube/shim/task/plugin"
 )
 
@@ -175,6 +177,13 @@ func TestShimBinary(t *testing.T) {
 
 	if _, err := tc.State(ctx, &taskAPI.StateRequest{ID: "pod1"}); status.Code(err) != codes.NotFound {
 		t.Fatalf("state before create: %v", err)
+	}
+	// The shim's own snapshot service answers on the same socket (a TTRPC
+	// plugin on pkg/shim's one server), and knows no container yet.
+	sc := snapshotapi.NewSnapshotsClient(client)
+	if _, err := sc.List(ctx, &snapshotapi.ListRequest{ContainerId: "pod1"}); status.Code(err) != codes.NotFound ||
+		!strings.Contains(err.Error(), "not found in this shim") {
+		t.Fatalf("snapshot service list before create: %v", err)
 	}
 	_, err = tc.Create(ctx, &taskAPI.CreateTaskRequest{ID: "pod1", Bundle: bundle,
 		Rootfs: []*types.Mount{{Type: "overlay", Source: "overlay", Options: []string{"lowerdir=/x"}}}})

@@ -282,11 +282,11 @@ func (v *ProcessVMM) DialVsock(ctx context.Context, port uint32) (net.Conn, erro
 }
 
 // Snapshot implements VMM with the control op "snapshot" (cube-vmm refuses
-// a dir that is not absolute).
-func (v *ProcessVMM) Snapshot(ctx context.Context, dir string) (control.SnapshotResult, error) {
+// a dir that is not absolute, and an incremental one without a parent beside it).
+func (v *ProcessVMM) Snapshot(ctx context.Context, dir string, incremental bool) (control.SnapshotResult, error) {
 	var res control.SnapshotResult
 	err := v.control(ctx, func(c *control.Client) (err error) {
-		res, err = c.Snapshot(ctx, dir, false)
+		res, err = c.Snapshot(ctx, dir, incremental)
 		return err
 	})
 	return res, err

@@ -88,14 +88,18 @@ func TestProcessVMMLifecycle(t *testing.T) {
 	}
 	// The stand-in serves the real control server: snapshot, and its refusals.
 	snap := filepath.Join(dir, "snap")
-	if res, err := v.Snapshot(ctx, snap); err != nil || res.Dir != snap {
+	if res, err := v.Snapshot(ctx, snap, false); err != nil || res.Dir != snap {
 		t.Fatalf("snapshot: %+v %v", res, err)
 	}
-	if _, err := v.Snapshot(ctx, snap); err == nil || !strings.Contains(err.Error(), "exists") {
+	if _, err := v.Snapshot(ctx, snap, false); err == nil || !strings.Contains(err.Error(), "exists") {
 		t.Fatalf("snapshot over an existing one: %v", err)
 	}
-	if _, err := v.Snapshot(ctx, "rel/snap"); err == nil || !strings.Contains(err.Error(), `dir "rel/snap" is not absolute`) {
+	if _, err := v.Snapshot(ctx, "rel/snap", false); err == nil || !strings.Contains(err.Error(), `dir "rel/snap" is not absolute`) {
 		t.Fatalf("relative snapshot dir: %v", err)
+	}
+	inc := filepath.Join(dir, "snap-inc")
+	if _, err := v.Snapshot(ctx, inc, true); err != nil {
+		t.Fatalf("incremental snapshot: %v", err)
 	}
 	c, err := v.DialVsock(ctx, 1024)
 	if err != nil {
@@ -116,7 +120,7 @@ func TestProcessVMMLifecycle(t *testing.T) {
 		t.Fatalf("exit %+v", e)
 	}
 	log, _ := os.ReadFile(cfg.ConsolePath)
-	for _, w := range []string{"/img/rootfs.ext4,serial=cube-slot-0", "disk-set cube-slot-1 /img/other.ext4", "snapshot " + snap} {
+	for _, w := range []string{"/img/rootfs.ext4,serial=cube-slot-0", "disk-set cube-slot-1 /img/other.ext4", "snapshot " + snap + " incremental=false", "snapshot " + inc + " incremental=true"} {
 		if !strings.Contains(string(log), w) {
 			t.Errorf("fake vmm log %q lacks %q", log, w)
 		}

@@ -23,8 +23,6 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/sirupsen/logrus"
-
-	"github.com/cube-runtime/cube/hypervisor/control"
 )
 
 // State is the VM's lifecycle state.
@@ -93,6 +91,8 @@ type Sandbox struct {
 	slots    []slot
 	stopping bool
 	frozen   bool          // Pause froze the guest's filesystems; Resume thaws them
+	op       *runningOp    // the snapshot (or rollback) in progress: one at a time
+	base     string        // the VM's last snapshot: the parent of its next incremental one
 	done     chan struct{} // closed after the VMM is gone and cleanup ran
 	exit     VMExit
 	unexpect bool
@@ -485,34 +485,6 @@ func (s *Sandbox) thawLocked(ctx context.Context, why string) {
 		return
 	}
 	s.frozen = false
-}
-
-// Snapshot writes a whole-VM snapshot into dir (see VMM.Snapshot). A
-// running guest syncs its filesystems first, so that the disk copies in the
-// snapshot are consistent on their own; a paused guest cannot answer and
-// needs not: Pause froze its filesystems, so its disks are clean, and the
-// snapshot holds them frozen: whatever restores it thaws them through the
-// agent (templates are snapshots of running guests and need no thaw).
-func (s *Sandbox) Snapshot(ctx context.Context, dir string) (control.SnapshotResult, error) {
-	s.mu.Lock()
-	st, agent := s.state, s.agent
-	s.mu.Unlock()
-	switch st {
-	case StateRunning:
-		if agent != nil {
-			if err := agent.SyncFilesystems(ctx); err != nil {
-				return control.SnapshotResult{}, fmt.Errorf("sandbox %s: snapshot: sync guest filesystems: %w", s.o.ID, err)
-			}
-		}
-	case StatePaused:
-	default:
-		return control.SnapshotResult{}, fmt.Errorf("sandbox %s: snapshot in state %s", s.o.ID, st)
-	}
-	res, err := s.o.VMM.Snapshot(ctx, dir)
-	if err != nil {
-		return control.SnapshotResult{}, fmt.Errorf("sandbox %s: %w", s.o.ID, err)
-	}
-	return res, nil
 }
 
 // Stop powers the VM off (agent PowerOff, then the VMM's stop, then SIGKILL

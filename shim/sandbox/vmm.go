@@ -58,7 +58,9 @@ type VMM interface {
 	// Snapshot writes a whole-VM snapshot (memory, vCPU and device state,
 	// copies of the writable disks) into dir, which must be absolute and not
 	// exist yet, and returns the VMM's figures. A paused VM stays paused.
-	Snapshot(ctx context.Context, dir string) (control.SnapshotResult, error)
+	// Incremental writes only the memory pages dirtied since the VM's last
+	// snapshot, which dir must be beside (the VMM refuses otherwise).
+	Snapshot(ctx context.Context, dir string, incremental bool) (control.SnapshotResult, error)
 	// Stop ends the VM: a graceful stop request, then SIGKILL after ctx ends.
 	Stop(ctx context.Context) error
 	Wait() <-chan struct{}

@@ -323,12 +323,12 @@ func (s *Service) Checkpoint(ctx context.Context, req *taskAPI.CheckpointTaskReq
 	if _, err := os.Lstat(dir); err == nil {
 		return nil, errOut(fmt.Errorf("checkpoint %s: %s already holds a checkpoint; choose an empty --image-path: %w", req.ID, dir, errdefs.ErrAlreadyExists))
 	}
-	start := time.Now()
-	res, err := sb.Snapshot(ctx, dir)
+	st, err := sb.Snapshot(ctx, sandbox.SnapshotOptions{Dir: dir, What: "checkpoint of " + req.ID + " into " + dir})
 	if err != nil {
 		return nil, errOut(fmt.Errorf("checkpoint %s: %w", req.ID, err))
 	}
-	s.o.Log.WithFields(logrus.Fields{"id": req.ID, "dir": dir, "took": time.Since(start), "vmm_frozen_ms": res.FrozenMS,
+	res := st.VMM
+	s.o.Log.WithFields(logrus.Fields{"id": req.ID, "dir": dir, "took": st.Total, "vmm_frozen_ms": res.FrozenMS,
 		"vmm_total_ms": res.TotalMS, "memory_bytes": res.MemoryBytes, "disk_bytes": res.DiskBytes, "reflinked": res.Reflinked}).Info("checkpoint written")
 	s.publish(ctx, runtime.TaskCheckpointedEventTopic, &eventstypes.TaskCheckpointed{ContainerID: req.ID, Checkpoint: dir})
 	if opts.Exit {

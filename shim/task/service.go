@@ -181,6 +181,23 @@ func (s *Service) getContainer(id string) (*container, error) {
 	return c, nil
 }
 
+// SandboxOf returns the VM that runs container id (any container of the
+// sandbox): what the shim's snapshot service (shim/snapshotsvc) works on.
+// NotFound when this shim has no such container, FailedPrecondition when its
+// VM is not booted.
+func (s *Service) SandboxOf(id string) (*sandbox.Sandbox, error) {
+	if _, err := s.getContainer(id); err != nil {
+		return nil, fmt.Errorf("%w in this shim (namespace %s)", err, s.o.Namespace)
+	}
+	s.mu.Lock()
+	sb := s.sb
+	s.mu.Unlock()
+	if sb == nil {
+		return nil, fmt.Errorf("container %s: its VM is not booted: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	return sb, nil
+}
+
 // getProcess finds a container's init (execID "") or an exec.
 func (s *Service) getProcess(id, execID string) (*container, *process.Process, error) {
 	c, err := s.getContainer(id)

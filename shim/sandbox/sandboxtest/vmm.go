@@ -27,9 +27,14 @@ type VMM struct {
 	exit     sandbox.VMExit
 	StartErr error
 	Agent    *Agent // crashed along with the VM
-	// Snapshots lists the dirs Snapshot wrote; SnapshotErr makes it fail.
-	Snapshots   []string
-	SnapshotErr error
+	// Snapshots lists the dirs Snapshot wrote, Incremental whether each was
+	// incremental; SnapshotErr makes it fail. SnapshotFunc, when set, writes
+	// the snapshot instead of the marker file (a test of the snapshot store's
+	// users writes a real VM snapshot there, or blocks to hold the VM busy).
+	Snapshots    []string
+	Incremental  []bool
+	SnapshotErr  error
+	SnapshotFunc func(ctx context.Context, dir string, incremental bool) (control.SnapshotResult, error)
 }
 
 // NewVMM returns a fake VMM whose agent is a.
@@ -120,25 +125,40 @@ func (v *VMM) SetDisk(ctx context.Context, serial, path string) error {
 	return nil
 }
 
-// Snapshot writes a marker file into dir (which must not exist) and records
-// the call; SnapshotErr, when set, is returned instead.
-func (v *VMM) Snapshot(ctx context.Context, dir string) (control.SnapshotResult, error) {
+// Snapshot writes a marker file into dir (which must not exist), or calls
+// SnapshotFunc, and records the call; SnapshotErr, when set, is returned
+// instead.
+func (v *VMM) Snapshot(ctx context.Context, dir string, incremental bool) (control.SnapshotResult, error) {
 	if err := v.alive(); err != nil {
 		return control.SnapshotResult{}, err
 	}
 	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.SnapshotErr != nil {
-		return control.SnapshotResult{}, v.SnapshotErr
+	fail, write := v.SnapshotErr, v.SnapshotFunc
+	v.mu.Unlock()
+	if fail != nil {
+		return control.SnapshotResult{}, fail
 	}
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		return control.SnapshotResult{}, fmt.Errorf("fake vmm: snapshot: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "manifest.json"), []byte(`{"fake":true}`), 0o600); err != nil {
+	res := control.SnapshotResult{Dir: dir}
+	if write != nil {
+		var err error
+		if res, err = write(ctx, dir, incremental); err != nil {
+			return control.SnapshotResult{}, err
+		}
+	} else if err := writeMarker(dir); err != nil {
 		return control.SnapshotResult{}, err
 	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
 	v.Snapshots = append(v.Snapshots, dir)
-	return control.SnapshotResult{Dir: dir}, nil
+	v.Incremental = append(v.Incremental, incremental)
+	return res, nil
+}
+
+func writeMarker(dir string) error {
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return fmt.Errorf("fake vmm: snapshot: %w", err)
+	}
+	return os.WriteFile(filepath.Join(dir, "manifest.json"), []byte(`{"fake":true}`), 0o600)
 }
 
 // Stop ends the VM with status 0.
