@@ -23,18 +23,34 @@ import (
 var fatalConsole = regexp.MustCompile(`watchdog: BUG: soft lockup - CPU#\d+ stuck for \d+s!.*|` +
 	`rcu: INFO: rcu_preempt self-detected stall on CPU|Kernel panic - not syncing:.*`)
 
-// watchConsole polls the console file and calls fatal once with the first matching line. It stops when done
-// is closed.
+// silentLimit is how long the console may go without a liveness line once the payload runs: stage 2 prints
+// "cube-testhost: still running at …" every 60 s. A test host whose timer interrupt was lost (seen with one
+// vCPU: docs/testhost.md) prints nothing more, ever, and would otherwise sit until the run's timeout. A
+// variable so tests can shorten it.
+var silentLimit = 4 * time.Minute
+
+// aliveLine matches the console lines that show the test host's timers still fire: stage 2's start of the
+// payload and its once-a-minute line.
+var aliveLine = regexp.MustCompile(`cube-testhost: (payload starts at|still running at) `)
+
+// watchConsole polls the console file and calls fatal once with the first matching line, or with a line of
+// its own when the payload runs and the console shows no sign of life for silentLimit. It stops when done is
+// closed.
 func watchConsole(path string, done <-chan struct{}, fatal func(line string)) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	var off int64
 	var carry []byte
+	var alive time.Time // the last liveness line seen (zero until the payload starts)
 	for {
 		select {
 		case <-done:
 			return
 		case <-t.C:
+		}
+		if !alive.IsZero() && time.Since(alive) > silentLimit {
+			fatal(fmt.Sprintf("cube-testhost: the console shows no sign of life for %s (no once-a-minute line): the test host's timer stopped", silentLimit))
+			return
 		}
 		f, err := os.Open(path)
 		if err != nil {
@@ -58,6 +74,9 @@ func watchConsole(path string, done <-chan struct{}, fatal func(line string)) {
 		if m := fatalConsole.Find(data[:cut]); m != nil {
 			fatal(string(bytes.TrimSpace(m)))
 			return
+		}
+		if aliveLine.Match(data[:cut]) {
+			alive = time.Now()
 		}
 	}
 }

@@ -2,8 +2,10 @@ package testhost
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -37,6 +39,49 @@ func TestWatchConsoleStopsOnLockup(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("soft lockup not reported")
+	}
+}
+
+func TestWatchConsoleSilence(t *testing.T) {
+	old := silentLimit
+	silentLimit = 2500 * time.Millisecond
+	defer func() { silentLimit = old }()
+	p := filepath.Join(t.TempDir(), "console.log")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	got := make(chan string, 1)
+	done := make(chan struct{})
+	defer close(done)
+	go watchConsole(p, done, func(l string) { got <- l })
+	// Before the payload starts, silence is not judged (the kernel boots quietly).
+	f.WriteString("[    1.0] booting\n")
+	select {
+	case l := <-got:
+		t.Fatalf("silence before the payload started stopped the run: %q", l)
+	case <-time.After(4 * time.Second):
+	}
+	// Liveness lines keep it going...
+	f.WriteString("cube-testhost: payload starts at 3.5s\n")
+	for i := 0; i < 3; i++ {
+		time.Sleep(1500 * time.Millisecond)
+		f.WriteString(fmt.Sprintf("cube-testhost: still running at %d.0s, load 1 1 1\n", 60*(i+1)))
+	}
+	select {
+	case l := <-got:
+		t.Fatalf("a live test host was stopped: %q", l)
+	default:
+	}
+	// ...and their absence ends it.
+	select {
+	case l := <-got:
+		if !strings.Contains(l, "no sign of life") {
+			t.Fatalf("reported %q", l)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a silent test host was not reported")
 	}
 }
 
