@@ -145,7 +145,10 @@ func Run(ctx context.Context, o Options, p Payload, output io.Writer) (*Result, 
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", qemu, err)
 	}
-	go kickSerial(kick)
+	payloadStarted := make(chan struct{})
+	watchDone := make(chan struct{})
+	defer close(watchDone)
+	go kickSerial(kick, payloadStarted, watchDone)
 	logrus.Debugf("test host: %s %s", qemu, strings.Join(args, " "))
 	logrus.Infof("test host: %d vCPUs, %d MiB, %s", opts.CPUs, opts.MemoryMiB, opts.Platform)
 	stopKill := context.AfterFunc(rctx, func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
@@ -153,9 +156,7 @@ func Run(ctx context.Context, o Options, p Payload, output io.Writer) (*Result, 
 	// A test host whose kernel locked up or panicked will not recover: end the run at once instead of at the
 	// timeout, and say why.
 	var hung atomic.Value
-	watchDone := make(chan struct{})
-	defer close(watchDone)
-	go watchConsole(console, watchDone, func(line string) {
+	go watchConsole(console, watchDone, payloadStarted, func(line string) {
 		hung.Store(line)
 		logrus.Errorf("test host: kernel reported %q; stopping it", line)
 		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
@@ -396,15 +397,21 @@ func treeSize(root string) (int64, error) {
 	return n, err
 }
 
-// kickSerial writes a byte a second into the test host's second serial port until QEMU goes away (the write
-// fails). Each byte is a UART interrupt in the test host, which stage 2 has in raw mode without echo, so the
-// bytes go nowhere. Why: a 1-vCPU test host was seen idle for good, its kernel's own 60-second watchdog line
+// kickSerial writes a byte a second into the test host's second serial port, from when stage 2 says the
+// payload starts until QEMU goes away (the write fails). Each byte is a UART interrupt in the test host; stage
+// 2 has put that port in raw mode without echo by then, so the bytes go nowhere (sent earlier, they waited in
+// the UART and were echoed into the payload's output when the port was first opened). Why: a 1-vCPU test host was seen idle for good, its kernel's own 60-second watchdog line
 // never printed — its timer interrupt lost, most likely a CPU_INTERRUPT_HARD request dropped by QEMU's
 // unlocked update in helper_vmrun racing the main loop's APIC timer (docs/testhost.md). With two vCPUs an IPI
 // from the other one raised it again; with one, nothing did. Any new interrupt makes QEMU's APIC raise the
 // request again for everything pending, the lost timer vector included.
-func kickSerial(w io.WriteCloser) {
+func kickSerial(w io.WriteCloser, start, done <-chan struct{}) {
 	defer w.Close()
+	select {
+	case <-start:
+	case <-done:
+		return
+	}
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for range t.C {

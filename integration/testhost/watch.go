@@ -34,9 +34,9 @@ var silentLimit = 4 * time.Minute
 var aliveLine = regexp.MustCompile(`cube-testhost: (payload starts at|still running at) `)
 
 // watchConsole polls the console file and calls fatal once with the first matching line, or with a line of
-// its own when the payload runs and the console shows no sign of life for silentLimit. It stops when done is
-// closed.
-func watchConsole(path string, done <-chan struct{}, fatal func(line string)) {
+// its own when the payload runs and the console shows no sign of life for silentLimit. It closes started (when
+// not nil) once stage 2 says the payload starts. It stops when done is closed.
+func watchConsole(path string, done <-chan struct{}, started chan<- struct{}, fatal func(line string)) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	var off int64
@@ -76,6 +76,9 @@ func watchConsole(path string, done <-chan struct{}, fatal func(line string)) {
 			return
 		}
 		if aliveLine.Match(data[:cut]) {
+			if alive.IsZero() && started != nil {
+				close(started)
+			}
 			alive = time.Now()
 		}
 	}

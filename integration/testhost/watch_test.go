@@ -20,7 +20,7 @@ func TestWatchConsoleStopsOnLockup(t *testing.T) {
 	got := make(chan string, 2)
 	done := make(chan struct{})
 	defer close(done)
-	go watchConsole(p, done, func(l string) { got <- l })
+	go watchConsole(p, done, nil, func(l string) { got <- l })
 
 	f.WriteString("[    1.0] booting\n[ 2.0] rcu: INFO: rcu_preempt detected stalls on CPUs/tasks:\n")
 	select {
@@ -55,7 +55,8 @@ func TestWatchConsoleSilence(t *testing.T) {
 	got := make(chan string, 1)
 	done := make(chan struct{})
 	defer close(done)
-	go watchConsole(p, done, func(l string) { got <- l })
+	started := make(chan struct{})
+	go watchConsole(p, done, started, func(l string) { got <- l })
 	// Before the payload starts, silence is not judged (the kernel boots quietly).
 	f.WriteString("[    1.0] booting\n")
 	select {
@@ -63,8 +64,18 @@ func TestWatchConsoleSilence(t *testing.T) {
 		t.Fatalf("silence before the payload started stopped the run: %q", l)
 	case <-time.After(4 * time.Second):
 	}
+	select {
+	case <-started:
+		t.Fatal("started closed before stage 2 said the payload starts")
+	default:
+	}
 	// Liveness lines keep it going...
 	f.WriteString("cube-testhost: payload starts at 3.5s\n")
+	select {
+	case <-started:
+	case <-time.After(5 * time.Second):
+		t.Fatal("started not closed once the payload started")
+	}
 	for i := 0; i < 3; i++ {
 		time.Sleep(1500 * time.Millisecond)
 		f.WriteString(fmt.Sprintf("cube-testhost: still running at %d.0s, load 1 1 1\n", 60*(i+1)))
