@@ -114,10 +114,11 @@ func drive(env *sandboxenv.Env, total int) int {
 		fmt.Fprintln(os.Stderr, "FAIL:", err)
 		return 2
 	}
-	load := fmt.Sprintf("smp %d, ", resolved.CPUs) + "workload " + workload + ", " + vcpus + " guest vCPUs, no host load"
+	hostLoad := "no host load"
 	if os.Getenv(envLoad) == "1" {
-		load = fmt.Sprintf("smp %d, ", resolved.CPUs) + "workload " + workload + ", " + vcpus + " guest vCPUs, host load"
+		hostLoad = "host load"
 	}
+	load := fmt.Sprintf("smp %d, workload %s, %s guest vCPUs, %s", resolved.CPUs, workload, vcpus, hostLoad)
 	fmt.Printf("stress: %d lifecycles on %s, %s; logs go to %s\n", total, platform, load, logDir)
 	t := &tally{results: map[string]int{}, kernel: map[string]int{}}
 	begin := time.Now()
