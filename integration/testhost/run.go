@@ -400,11 +400,13 @@ func treeSize(root string) (int64, error) {
 // kickSerial writes a byte a second into the test host's second serial port, from when stage 2 says the
 // payload starts until QEMU goes away (the write fails). Each byte is a UART interrupt in the test host; stage
 // 2 has put that port in raw mode without echo by then, so the bytes go nowhere (sent earlier, they waited in
-// the UART and were echoed into the payload's output when the port was first opened). Why: a 1-vCPU test host was seen idle for good, its kernel's own 60-second watchdog line
-// never printed — its timer interrupt lost, most likely a CPU_INTERRUPT_HARD request dropped by QEMU's
-// unlocked update in helper_vmrun racing the main loop's APIC timer (docs/testhost.md). With two vCPUs an IPI
-// from the other one raised it again; with one, nothing did. Any new interrupt makes QEMU's APIC raise the
-// request again for everything pending, the lost timer vector included.
+// the UART and were echoed into the payload's output when the port was first opened).
+//
+// Why: a 1-vCPU test host was seen idle for good, its kernel's own 60-second watchdog line never printed — its
+// timer interrupt lost, most likely a CPU_INTERRUPT_HARD request dropped by QEMU's unlocked update in
+// helper_vmrun racing the main loop's APIC timer (docs/testhost.md). With two vCPUs an IPI from the other one
+// raised it again; with one, nothing did. Any new interrupt makes QEMU's APIC raise the request again for
+// everything pending, the lost timer vector included.
 func kickSerial(w io.WriteCloser, start, done <-chan struct{}) {
 	defer w.Close()
 	select {
