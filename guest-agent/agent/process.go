@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"sync"
 	"time"
@@ -12,7 +11,6 @@ import (
 	"github.com/cube-runtime/cube/guest-agent/container"
 	"github.com/cube-runtime/cube/guest-agent/initsys"
 	"github.com/cube-runtime/cube/guest-agent/protocol"
-	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 )
 
@@ -60,8 +58,9 @@ type process struct {
 	stdoutR  *os.File
 	stderrR  *os.File
 	wanted   map[protocol.Stream]bool
-	attached map[protocol.Stream]bool
-	streams  []io.Closer // attached connections, closed on delete
+	attached map[protocol.Stream]*attachment // the stream's current connection (streams.go)
+	// streamsClosed: Delete closed the streams; nothing attaches any more.
+	streamsClosed bool
 	// stdinCopied is closed when an attached stdin stream has been copied to its end (see closeStdin).
 	stdinCopied chan struct{}
 }
@@ -85,7 +84,7 @@ func (p *process) setupStdio(stdio *protocol.Stdio, terminal bool, size *[2]uint
 		stdio = &protocol.Stdio{}
 	}
 	p.wanted = map[protocol.Stream]bool{protocol.Stdin: stdio.Stdin, protocol.Stdout: stdio.Stdout, protocol.Stderr: stdio.Stderr}
-	p.attached = map[protocol.Stream]bool{}
+	p.attached = map[protocol.Stream]*attachment{}
 	p.terminal = terminal
 	fail := func(e error) ([3]*os.File, error) {
 		for _, f := range child {
@@ -144,10 +143,7 @@ func (p *process) closeStdio() {
 			f.Close()
 		}
 	}
-	for _, c := range p.streams {
-		c.Close()
-	}
-	p.streams = nil
+	p.closeStreams()
 }
 
 // watch records the exit when the reaper reports it.
@@ -253,72 +249,6 @@ func (p *process) resize(w, h uint32) error {
 	}
 	err := unix.IoctlSetWinsize(int(p.pty.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Col: uint16(w), Row: uint16(h)})
 	return toStatus(err, "resize terminal of %s", p.name())
-}
-
-// attach connects a stream connection to the process's stdio and returns
-// once the copy is set up; copying continues in the background.
-func (p *process) attach(s protocol.Stream, conn io.ReadWriteCloser, log logrus.FieldLogger) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !p.wanted[s] {
-		return errState("%s was created without %s", p.name(), s)
-	}
-	if p.attached[s] {
-		return errState("%s already has a %s stream", p.name(), s)
-	}
-	var src io.Reader
-	var dst io.Writer
-	switch {
-	case s == protocol.Stdin && p.terminal:
-		dst = p.pty
-	case s == protocol.Stdin:
-		if p.stdinW == nil {
-			return errState("stdin of %s is closed", p.name())
-		}
-		dst = p.stdinW
-	case s == protocol.Stdout && p.terminal:
-		src = p.pty
-	case s == protocol.Stdout:
-		src = p.stdoutR
-	case s == protocol.Stderr:
-		src = p.stderrR
-	}
-	p.attached[s] = true
-	p.streams = append(p.streams, conn)
-	if err := protocol.WriteStreamReply(conn, nil); err != nil {
-		return fmt.Errorf("reply to %s stream: %w", s, err)
-	}
-	if dst != nil {
-		copied := make(chan struct{})
-		p.stdinCopied = copied
-		go func() {
-			defer close(copied)
-			n, err := io.Copy(dst, conn)
-			log.WithError(err).Debugf("%s of %s: host side ended after %d bytes", s, p.name(), n)
-			// Host closed its side: that is EOF on stdin (pipes only; a
-			// terminal's input ends with CloseStdin).
-			if !p.terminal {
-				p.mu.Lock()
-				if p.stdinW != nil {
-					p.stdinW.Close()
-					p.stdinW = nil
-				}
-				p.mu.Unlock()
-			}
-			conn.Close()
-		}()
-		return nil
-	}
-	go func() {
-		// A pty master reads EIO once the last slave is closed: that is EOF.
-		n, err := io.Copy(conn, src)
-		log.WithError(err).Debugf("%s of %s: process side ended after %d bytes", s, p.name(), n)
-		if cw, ok := conn.(interface{ CloseWrite() error }); ok {
-			cw.CloseWrite()
-		}
-		conn.Close()
-	}()
-	return nil
 }
 
 func exitTime(e initsys.Exit) int64 {

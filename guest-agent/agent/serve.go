@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -101,7 +102,7 @@ func (s *Service) handleStream(conn net.Conn) {
 	}
 	_, p, err := s.lookup(h.ContainerID, h.ExecID)
 	if err == nil {
-		err = p.attach(h.Stream, conn, s.log.WithFields(logrus.Fields{"stream": h.Stream}))
+		err = p.attach(h.Stream, conn, h.Reattach, s.log.WithFields(logrus.Fields{"stream": h.Stream}))
 	}
 	if err != nil {
 		s.log.WithError(err).WithFields(logrus.Fields{"container": h.ContainerID, "exec": h.ExecID, "stream": h.Stream}).Warn("stream refused")
@@ -133,6 +134,7 @@ func (l *resetListener) Accept() (net.Conn, error) {
 type resetConn struct {
 	net.Conn
 	onReset func()
+	reset   atomic.Bool
 }
 
 func (c *resetConn) check(err error) {
@@ -140,9 +142,14 @@ func (c *resetConn) check(err error) {
 		return
 	}
 	if errors.Is(err, unix.ECONNRESET) || errors.Is(err, unix.ENOTCONN) || errors.Is(soError(c.Conn), unix.ECONNRESET) {
+		c.reset.Store(true)
 		c.onReset()
 	}
 }
+
+// TransportReset says whether the connection ended in a transport reset
+// (streams.go: a reset stdin stays open for the host to re-attach).
+func (c *resetConn) TransportReset() bool { return c.reset.Load() }
 
 // soError returns (and clears) the socket's pending error, nil when there is
 // none or the connection has no file descriptor.

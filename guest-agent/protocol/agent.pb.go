@@ -1341,6 +1341,200 @@ func (x *ListPidsResponse) GetPids() []uint32 {
 	return nil
 }
 
+type ListProcessesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// container_id, when set, lists only that container's processes.
+	ContainerId   string `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListProcessesRequest) Reset() {
+	*x = ListProcessesRequest{}
+	mi := &file_agent_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListProcessesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListProcessesRequest) ProtoMessage() {}
+
+func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
+func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ListProcessesRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+type ListProcessesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Ordered by container id, the init first, then execs by id.
+	Processes     []*ProcessInfo `protobuf:"bytes,1,rep,name=processes,proto3" json:"processes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListProcessesResponse) Reset() {
+	*x = ListProcessesResponse{}
+	mi := &file_agent_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListProcessesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListProcessesResponse) ProtoMessage() {}
+
+func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
+func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ListProcessesResponse) GetProcesses() []*ProcessInfo {
+	if x != nil {
+		return x.Processes
+	}
+	return nil
+}
+
+type ProcessInfo struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	// exec_id is empty for the container's init.
+	ExecId string `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	Pid    uint32 `protobuf:"varint,3,opt,name=pid,proto3" json:"pid,omitempty"`
+	// created, running, stopped
+	Status           string `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
+	ExitStatus       uint32 `protobuf:"varint,5,opt,name=exit_status,json=exitStatus,proto3" json:"exit_status,omitempty"`
+	ExitedAtUnixNano int64  `protobuf:"varint,6,opt,name=exited_at_unix_nano,json=exitedAtUnixNano,proto3" json:"exited_at_unix_nano,omitempty"`
+	// The stdio streams the process was created with (a terminal carries
+	// stdin and stdout), which the host may (re)attach.
+	Stdio         *Stdio `protobuf:"bytes,7,opt,name=stdio,proto3" json:"stdio,omitempty"`
+	Terminal      bool   `protobuf:"varint,8,opt,name=terminal,proto3" json:"terminal,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProcessInfo) Reset() {
+	*x = ProcessInfo{}
+	mi := &file_agent_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProcessInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProcessInfo) ProtoMessage() {}
+
+func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
+func (*ProcessInfo) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ProcessInfo) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *ProcessInfo) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *ProcessInfo) GetPid() uint32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *ProcessInfo) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *ProcessInfo) GetExitStatus() uint32 {
+	if x != nil {
+		return x.ExitStatus
+	}
+	return 0
+}
+
+func (x *ProcessInfo) GetExitedAtUnixNano() int64 {
+	if x != nil {
+		return x.ExitedAtUnixNano
+	}
+	return 0
+}
+
+func (x *ProcessInfo) GetStdio() *Stdio {
+	if x != nil {
+		return x.Stdio
+	}
+	return nil
+}
+
+func (x *ProcessInfo) GetTerminal() bool {
+	if x != nil {
+		return x.Terminal
+	}
+	return false
+}
+
 type DeleteRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
@@ -1352,7 +1546,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1364,7 +1558,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1377,7 +1571,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DeleteRequest) GetContainerId() string {
@@ -1411,7 +1605,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1423,7 +1617,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1436,7 +1630,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DeleteResponse) GetExitStatus() uint32 {
@@ -1462,7 +1656,7 @@ type FreezeRequest struct {
 
 func (x *FreezeRequest) Reset() {
 	*x = FreezeRequest{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1474,7 +1668,7 @@ func (x *FreezeRequest) String() string {
 func (*FreezeRequest) ProtoMessage() {}
 
 func (x *FreezeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1487,7 +1681,7 @@ func (x *FreezeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FreezeRequest.ProtoReflect.Descriptor instead.
 func (*FreezeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *FreezeRequest) GetMountPoints() []string {
@@ -1506,7 +1700,7 @@ type FreezeResponse struct {
 
 func (x *FreezeResponse) Reset() {
 	*x = FreezeResponse{}
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1518,7 +1712,7 @@ func (x *FreezeResponse) String() string {
 func (*FreezeResponse) ProtoMessage() {}
 
 func (x *FreezeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1531,7 +1725,7 @@ func (x *FreezeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FreezeResponse.ProtoReflect.Descriptor instead.
 func (*FreezeResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *FreezeResponse) GetFrozen() []string {
@@ -1550,7 +1744,7 @@ type ThawRequest struct {
 
 func (x *ThawRequest) Reset() {
 	*x = ThawRequest{}
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1562,7 +1756,7 @@ func (x *ThawRequest) String() string {
 func (*ThawRequest) ProtoMessage() {}
 
 func (x *ThawRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1575,7 +1769,7 @@ func (x *ThawRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ThawRequest.ProtoReflect.Descriptor instead.
 func (*ThawRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{28}
+	return file_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ThawRequest) GetMountPoints() []string {
@@ -1594,7 +1788,7 @@ type SetTimeRequest struct {
 
 func (x *SetTimeRequest) Reset() {
 	*x = SetTimeRequest{}
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1606,7 +1800,7 @@ func (x *SetTimeRequest) String() string {
 func (*SetTimeRequest) ProtoMessage() {}
 
 func (x *SetTimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1619,7 +1813,7 @@ func (x *SetTimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeRequest.ProtoReflect.Descriptor instead.
 func (*SetTimeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{29}
+	return file_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *SetTimeRequest) GetUnixNano() int64 {
@@ -1639,7 +1833,7 @@ type ReseedRandomRequest struct {
 
 func (x *ReseedRandomRequest) Reset() {
 	*x = ReseedRandomRequest{}
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1651,7 +1845,7 @@ func (x *ReseedRandomRequest) String() string {
 func (*ReseedRandomRequest) ProtoMessage() {}
 
 func (x *ReseedRandomRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1664,7 +1858,7 @@ func (x *ReseedRandomRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReseedRandomRequest.ProtoReflect.Descriptor instead.
 func (*ReseedRandomRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{30}
+	return file_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReseedRandomRequest) GetEntropy() []byte {
@@ -1687,7 +1881,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1699,7 +1893,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1712,7 +1906,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{31}
+	return file_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ReadFileRequest) GetContainerId() string {
@@ -1755,7 +1949,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1767,7 +1961,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1780,7 +1974,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{32}
+	return file_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ReadFileResponse) GetData() []byte {
@@ -1830,7 +2024,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1842,7 +2036,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1855,7 +2049,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{33}
+	return file_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *WriteFileRequest) GetContainerId() string {
@@ -1923,7 +2117,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_agent_proto_msgTypes[34]
+	mi := &file_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1935,7 +2129,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[34]
+	mi := &file_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1948,7 +2142,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{34}
+	return file_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *WriteFileResponse) GetSize() int64 {
@@ -1966,7 +2160,7 @@ type PowerOffRequest struct {
 
 func (x *PowerOffRequest) Reset() {
 	*x = PowerOffRequest{}
-	mi := &file_agent_proto_msgTypes[35]
+	mi := &file_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1978,7 +2172,7 @@ func (x *PowerOffRequest) String() string {
 func (*PowerOffRequest) ProtoMessage() {}
 
 func (x *PowerOffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[35]
+	mi := &file_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1991,7 +2185,7 @@ func (x *PowerOffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerOffRequest.ProtoReflect.Descriptor instead.
 func (*PowerOffRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{35}
+	return file_agent_proto_rawDescGZIP(), []int{38}
 }
 
 var File_agent_proto protoreflect.FileDescriptor
@@ -2082,7 +2276,21 @@ const file_agent_proto_rawDesc = "" +
 	"\x0fListPidsRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\"&\n" +
 	"\x10ListPidsResponse\x12\x12\n" +
-	"\x04pids\x18\x01 \x03(\rR\x04pids\"a\n" +
+	"\x04pids\x18\x01 \x03(\rR\x04pids\"9\n" +
+	"\x14ListProcessesRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\"Q\n" +
+	"\x15ListProcessesResponse\x128\n" +
+	"\tprocesses\x18\x01 \x03(\v2\x1a.cube.agent.v1.ProcessInfoR\tprocesses\"\x8b\x02\n" +
+	"\vProcessInfo\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x10\n" +
+	"\x03pid\x18\x03 \x01(\rR\x03pid\x12\x16\n" +
+	"\x06status\x18\x04 \x01(\tR\x06status\x12\x1f\n" +
+	"\vexit_status\x18\x05 \x01(\rR\n" +
+	"exitStatus\x12-\n" +
+	"\x13exited_at_unix_nano\x18\x06 \x01(\x03R\x10exitedAtUnixNano\x12*\n" +
+	"\x05stdio\x18\a \x01(\v2\x14.cube.agent.v1.StdioR\x05stdio\x12\x1a\n" +
+	"\bterminal\x18\b \x01(\bR\bterminal\"a\n" +
 	"\rDeleteRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x17\n" +
 	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x14\n" +
@@ -2122,7 +2330,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x03gid\x18\b \x01(\rR\x03gid\"'\n" +
 	"\x11WriteFileResponse\x12\x12\n" +
 	"\x04size\x18\x01 \x01(\x03R\x04size\"\x11\n" +
-	"\x0fPowerOffRequest2\xcc\f\n" +
+	"\x0fPowerOffRequest2\xa8\r\n" +
 	"\x05Agent\x12H\n" +
 	"\aVersion\x12\x1d.cube.agent.v1.VersionRequest\x1a\x1e.cube.agent.v1.VersionResponse\x12E\n" +
 	"\x06Health\x12\x1c.cube.agent.v1.HealthRequest\x1a\x1d.cube.agent.v1.HealthResponse\x12N\n" +
@@ -2137,7 +2345,8 @@ const file_agent_proto_rawDesc = "" +
 	"\n" +
 	"CloseStdin\x12 .cube.agent.v1.CloseStdinRequest\x1a\x14.cube.agent.v1.Empty\x12B\n" +
 	"\tResizePty\x12\x1f.cube.agent.v1.ResizePtyRequest\x1a\x14.cube.agent.v1.Empty\x12K\n" +
-	"\bListPids\x12\x1e.cube.agent.v1.ListPidsRequest\x1a\x1f.cube.agent.v1.ListPidsResponse\x12E\n" +
+	"\bListPids\x12\x1e.cube.agent.v1.ListPidsRequest\x1a\x1f.cube.agent.v1.ListPidsResponse\x12Z\n" +
+	"\rListProcesses\x12#.cube.agent.v1.ListProcessesRequest\x1a$.cube.agent.v1.ListProcessesResponse\x12E\n" +
 	"\x06Delete\x12\x1c.cube.agent.v1.DeleteRequest\x1a\x1d.cube.agent.v1.DeleteResponse\x12=\n" +
 	"\x0fSyncFilesystems\x12\x14.cube.agent.v1.Empty\x1a\x14.cube.agent.v1.Empty\x12P\n" +
 	"\x11FreezeFilesystems\x12\x1c.cube.agent.v1.FreezeRequest\x1a\x1d.cube.agent.v1.FreezeResponse\x12C\n" +
@@ -2160,7 +2369,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_agent_proto_goTypes = []any{
 	(*Empty)(nil),                   // 0: cube.agent.v1.Empty
 	(*VersionRequest)(nil),          // 1: cube.agent.v1.VersionRequest
@@ -2186,71 +2395,78 @@ var file_agent_proto_goTypes = []any{
 	(*ResizePtyRequest)(nil),        // 21: cube.agent.v1.ResizePtyRequest
 	(*ListPidsRequest)(nil),         // 22: cube.agent.v1.ListPidsRequest
 	(*ListPidsResponse)(nil),        // 23: cube.agent.v1.ListPidsResponse
-	(*DeleteRequest)(nil),           // 24: cube.agent.v1.DeleteRequest
-	(*DeleteResponse)(nil),          // 25: cube.agent.v1.DeleteResponse
-	(*FreezeRequest)(nil),           // 26: cube.agent.v1.FreezeRequest
-	(*FreezeResponse)(nil),          // 27: cube.agent.v1.FreezeResponse
-	(*ThawRequest)(nil),             // 28: cube.agent.v1.ThawRequest
-	(*SetTimeRequest)(nil),          // 29: cube.agent.v1.SetTimeRequest
-	(*ReseedRandomRequest)(nil),     // 30: cube.agent.v1.ReseedRandomRequest
-	(*ReadFileRequest)(nil),         // 31: cube.agent.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),        // 32: cube.agent.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),        // 33: cube.agent.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),       // 34: cube.agent.v1.WriteFileResponse
-	(*PowerOffRequest)(nil),         // 35: cube.agent.v1.PowerOffRequest
+	(*ListProcessesRequest)(nil),    // 24: cube.agent.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),   // 25: cube.agent.v1.ListProcessesResponse
+	(*ProcessInfo)(nil),             // 26: cube.agent.v1.ProcessInfo
+	(*DeleteRequest)(nil),           // 27: cube.agent.v1.DeleteRequest
+	(*DeleteResponse)(nil),          // 28: cube.agent.v1.DeleteResponse
+	(*FreezeRequest)(nil),           // 29: cube.agent.v1.FreezeRequest
+	(*FreezeResponse)(nil),          // 30: cube.agent.v1.FreezeResponse
+	(*ThawRequest)(nil),             // 31: cube.agent.v1.ThawRequest
+	(*SetTimeRequest)(nil),          // 32: cube.agent.v1.SetTimeRequest
+	(*ReseedRandomRequest)(nil),     // 33: cube.agent.v1.ReseedRandomRequest
+	(*ReadFileRequest)(nil),         // 34: cube.agent.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),        // 35: cube.agent.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),        // 36: cube.agent.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),       // 37: cube.agent.v1.WriteFileResponse
+	(*PowerOffRequest)(nil),         // 38: cube.agent.v1.PowerOffRequest
 }
 var file_agent_proto_depIdxs = []int32{
 	8,  // 0: cube.agent.v1.CreateContainerRequest.stdio:type_name -> cube.agent.v1.Stdio
 	8,  // 1: cube.agent.v1.ExecProcessRequest.stdio:type_name -> cube.agent.v1.Stdio
-	1,  // 2: cube.agent.v1.Agent.Version:input_type -> cube.agent.v1.VersionRequest
-	3,  // 3: cube.agent.v1.Agent.Health:input_type -> cube.agent.v1.HealthRequest
-	5,  // 4: cube.agent.v1.Agent.MountDisk:input_type -> cube.agent.v1.MountDiskRequest
-	7,  // 5: cube.agent.v1.Agent.UnmountDisk:input_type -> cube.agent.v1.UnmountDiskRequest
-	9,  // 6: cube.agent.v1.Agent.CreateContainer:input_type -> cube.agent.v1.CreateContainerRequest
-	11, // 7: cube.agent.v1.Agent.ExecProcess:input_type -> cube.agent.v1.ExecProcessRequest
-	13, // 8: cube.agent.v1.Agent.Start:input_type -> cube.agent.v1.StartRequest
-	15, // 9: cube.agent.v1.Agent.Signal:input_type -> cube.agent.v1.SignalRequest
-	16, // 10: cube.agent.v1.Agent.Wait:input_type -> cube.agent.v1.WaitRequest
-	18, // 11: cube.agent.v1.Agent.State:input_type -> cube.agent.v1.StateRequest
-	20, // 12: cube.agent.v1.Agent.CloseStdin:input_type -> cube.agent.v1.CloseStdinRequest
-	21, // 13: cube.agent.v1.Agent.ResizePty:input_type -> cube.agent.v1.ResizePtyRequest
-	22, // 14: cube.agent.v1.Agent.ListPids:input_type -> cube.agent.v1.ListPidsRequest
-	24, // 15: cube.agent.v1.Agent.Delete:input_type -> cube.agent.v1.DeleteRequest
-	0,  // 16: cube.agent.v1.Agent.SyncFilesystems:input_type -> cube.agent.v1.Empty
-	26, // 17: cube.agent.v1.Agent.FreezeFilesystems:input_type -> cube.agent.v1.FreezeRequest
-	28, // 18: cube.agent.v1.Agent.ThawFilesystems:input_type -> cube.agent.v1.ThawRequest
-	29, // 19: cube.agent.v1.Agent.SetTime:input_type -> cube.agent.v1.SetTimeRequest
-	30, // 20: cube.agent.v1.Agent.ReseedRandom:input_type -> cube.agent.v1.ReseedRandomRequest
-	31, // 21: cube.agent.v1.Agent.ReadFile:input_type -> cube.agent.v1.ReadFileRequest
-	33, // 22: cube.agent.v1.Agent.WriteFile:input_type -> cube.agent.v1.WriteFileRequest
-	35, // 23: cube.agent.v1.Agent.PowerOff:input_type -> cube.agent.v1.PowerOffRequest
-	2,  // 24: cube.agent.v1.Agent.Version:output_type -> cube.agent.v1.VersionResponse
-	4,  // 25: cube.agent.v1.Agent.Health:output_type -> cube.agent.v1.HealthResponse
-	6,  // 26: cube.agent.v1.Agent.MountDisk:output_type -> cube.agent.v1.MountDiskResponse
-	0,  // 27: cube.agent.v1.Agent.UnmountDisk:output_type -> cube.agent.v1.Empty
-	10, // 28: cube.agent.v1.Agent.CreateContainer:output_type -> cube.agent.v1.CreateContainerResponse
-	12, // 29: cube.agent.v1.Agent.ExecProcess:output_type -> cube.agent.v1.ExecProcessResponse
-	14, // 30: cube.agent.v1.Agent.Start:output_type -> cube.agent.v1.StartResponse
-	0,  // 31: cube.agent.v1.Agent.Signal:output_type -> cube.agent.v1.Empty
-	17, // 32: cube.agent.v1.Agent.Wait:output_type -> cube.agent.v1.WaitResponse
-	19, // 33: cube.agent.v1.Agent.State:output_type -> cube.agent.v1.StateResponse
-	0,  // 34: cube.agent.v1.Agent.CloseStdin:output_type -> cube.agent.v1.Empty
-	0,  // 35: cube.agent.v1.Agent.ResizePty:output_type -> cube.agent.v1.Empty
-	23, // 36: cube.agent.v1.Agent.ListPids:output_type -> cube.agent.v1.ListPidsResponse
-	25, // 37: cube.agent.v1.Agent.Delete:output_type -> cube.agent.v1.DeleteResponse
-	0,  // 38: cube.agent.v1.Agent.SyncFilesystems:output_type -> cube.agent.v1.Empty
-	27, // 39: cube.agent.v1.Agent.FreezeFilesystems:output_type -> cube.agent.v1.FreezeResponse
-	0,  // 40: cube.agent.v1.Agent.ThawFilesystems:output_type -> cube.agent.v1.Empty
-	0,  // 41: cube.agent.v1.Agent.SetTime:output_type -> cube.agent.v1.Empty
-	0,  // 42: cube.agent.v1.Agent.ReseedRandom:output_type -> cube.agent.v1.Empty
-	32, // 43: cube.agent.v1.Agent.ReadFile:output_type -> cube.agent.v1.ReadFileResponse
-	34, // 44: cube.agent.v1.Agent.WriteFile:output_type -> cube.agent.v1.WriteFileResponse
-	0,  // 45: cube.agent.v1.Agent.PowerOff:output_type -> cube.agent.v1.Empty
-	24, // [24:46] is the sub-list for method output_type
-	2,  // [2:24] is the sub-list for method input_type
-	2,  // [2:2] is the sub-list for extension type_name
-	2,  // [2:2] is the sub-list for extension extendee
-	0,  // [0:2] is the sub-list for field type_name
+	26, // 2: cube.agent.v1.ListProcessesResponse.processes:type_name -> cube.agent.v1.ProcessInfo
+	8,  // 3: cube.agent.v1.ProcessInfo.stdio:type_name -> cube.agent.v1.Stdio
+	1,  // 4: cube.agent.v1.Agent.Version:input_type -> cube.agent.v1.VersionRequest
+	3,  // 5: cube.agent.v1.Agent.Health:input_type -> cube.agent.v1.HealthRequest
+	5,  // 6: cube.agent.v1.Agent.MountDisk:input_type -> cube.agent.v1.MountDiskRequest
+	7,  // 7: cube.agent.v1.Agent.UnmountDisk:input_type -> cube.agent.v1.UnmountDiskRequest
+	9,  // 8: cube.agent.v1.Agent.CreateContainer:input_type -> cube.agent.v1.CreateContainerRequest
+	11, // 9: cube.agent.v1.Agent.ExecProcess:input_type -> cube.agent.v1.ExecProcessRequest
+	13, // 10: cube.agent.v1.Agent.Start:input_type -> cube.agent.v1.StartRequest
+	15, // 11: cube.agent.v1.Agent.Signal:input_type -> cube.agent.v1.SignalRequest
+	16, // 12: cube.agent.v1.Agent.Wait:input_type -> cube.agent.v1.WaitRequest
+	18, // 13: cube.agent.v1.Agent.State:input_type -> cube.agent.v1.StateRequest
+	20, // 14: cube.agent.v1.Agent.CloseStdin:input_type -> cube.agent.v1.CloseStdinRequest
+	21, // 15: cube.agent.v1.Agent.ResizePty:input_type -> cube.agent.v1.ResizePtyRequest
+	22, // 16: cube.agent.v1.Agent.ListPids:input_type -> cube.agent.v1.ListPidsRequest
+	24, // 17: cube.agent.v1.Agent.ListProcesses:input_type -> cube.agent.v1.ListProcessesRequest
+	27, // 18: cube.agent.v1.Agent.Delete:input_type -> cube.agent.v1.DeleteRequest
+	0,  // 19: cube.agent.v1.Agent.SyncFilesystems:input_type -> cube.agent.v1.Empty
+	29, // 20: cube.agent.v1.Agent.FreezeFilesystems:input_type -> cube.agent.v1.FreezeRequest
+	31, // 21: cube.agent.v1.Agent.ThawFilesystems:input_type -> cube.agent.v1.ThawRequest
+	32, // 22: cube.agent.v1.Agent.SetTime:input_type -> cube.agent.v1.SetTimeRequest
+	33, // 23: cube.agent.v1.Agent.ReseedRandom:input_type -> cube.agent.v1.ReseedRandomRequest
+	34, // 24: cube.agent.v1.Agent.ReadFile:input_type -> cube.agent.v1.ReadFileRequest
+	36, // 25: cube.agent.v1.Agent.WriteFile:input_type -> cube.agent.v1.WriteFileRequest
+	38, // 26: cube.agent.v1.Agent.PowerOff:input_type -> cube.agent.v1.PowerOffRequest
+	2,  // 27: cube.agent.v1.Agent.Version:output_type -> cube.agent.v1.VersionResponse
+	4,  // 28: cube.agent.v1.Agent.Health:output_type -> cube.agent.v1.HealthResponse
+	6,  // 29: cube.agent.v1.Agent.MountDisk:output_type -> cube.agent.v1.MountDiskResponse
+	0,  // 30: cube.agent.v1.Agent.UnmountDisk:output_type -> cube.agent.v1.Empty
+	10, // 31: cube.agent.v1.Agent.CreateContainer:output_type -> cube.agent.v1.CreateContainerResponse
+	12, // 32: cube.agent.v1.Agent.ExecProcess:output_type -> cube.agent.v1.ExecProcessResponse
+	14, // 33: cube.agent.v1.Agent.Start:output_type -> cube.agent.v1.StartResponse
+	0,  // 34: cube.agent.v1.Agent.Signal:output_type -> cube.agent.v1.Empty
+	17, // 35: cube.agent.v1.Agent.Wait:output_type -> cube.agent.v1.WaitResponse
+	19, // 36: cube.agent.v1.Agent.State:output_type -> cube.agent.v1.StateResponse
+	0,  // 37: cube.agent.v1.Agent.CloseStdin:output_type -> cube.agent.v1.Empty
+	0,  // 38: cube.agent.v1.Agent.ResizePty:output_type -> cube.agent.v1.Empty
+	23, // 39: cube.agent.v1.Agent.ListPids:output_type -> cube.agent.v1.ListPidsResponse
+	25, // 40: cube.agent.v1.Agent.ListProcesses:output_type -> cube.agent.v1.ListProcessesResponse
+	28, // 41: cube.agent.v1.Agent.Delete:output_type -> cube.agent.v1.DeleteResponse
+	0,  // 42: cube.agent.v1.Agent.SyncFilesystems:output_type -> cube.agent.v1.Empty
+	30, // 43: cube.agent.v1.Agent.FreezeFilesystems:output_type -> cube.agent.v1.FreezeResponse
+	0,  // 44: cube.agent.v1.Agent.ThawFilesystems:output_type -> cube.agent.v1.Empty
+	0,  // 45: cube.agent.v1.Agent.SetTime:output_type -> cube.agent.v1.Empty
+	0,  // 46: cube.agent.v1.Agent.ReseedRandom:output_type -> cube.agent.v1.Empty
+	35, // 47: cube.agent.v1.Agent.ReadFile:output_type -> cube.agent.v1.ReadFileResponse
+	37, // 48: cube.agent.v1.Agent.WriteFile:output_type -> cube.agent.v1.WriteFileResponse
+	0,  // 49: cube.agent.v1.Agent.PowerOff:output_type -> cube.agent.v1.Empty
+	27, // [27:50] is the sub-list for method output_type
+	4,  // [4:27] is the sub-list for method input_type
+	4,  // [4:4] is the sub-list for extension type_name
+	4,  // [4:4] is the sub-list for extension extendee
+	0,  // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2264,7 +2480,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   36,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

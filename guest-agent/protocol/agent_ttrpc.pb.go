@@ -21,6 +21,7 @@ type AgentService interface {
 	CloseStdin(context.Context, *CloseStdinRequest) (*Empty, error)
 	ResizePty(context.Context, *ResizePtyRequest) (*Empty, error)
 	ListPids(context.Context, *ListPidsRequest) (*ListPidsResponse, error)
+	ListProcesses(context.Context, *ListProcessesRequest) (*ListProcessesResponse, error)
 	Delete(context.Context, *DeleteRequest) (*DeleteResponse, error)
 	SyncFilesystems(context.Context, *Empty) (*Empty, error)
 	FreezeFilesystems(context.Context, *FreezeRequest) (*FreezeResponse, error)
@@ -125,6 +126,13 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.ListPids(ctx, &req)
+			},
+			"ListProcesses": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ListProcessesRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ListProcesses(ctx, &req)
 			},
 			"Delete": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req DeleteRequest
@@ -302,6 +310,14 @@ func (c *agentClient) ResizePty(ctx context.Context, req *ResizePtyRequest) (*Em
 func (c *agentClient) ListPids(ctx context.Context, req *ListPidsRequest) (*ListPidsResponse, error) {
 	var resp ListPidsResponse
 	if err := c.client.Call(ctx, "cube.agent.v1.Agent", "ListPids", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) ListProcesses(ctx context.Context, req *ListProcessesRequest) (*ListProcessesResponse, error) {
+	var resp ListProcessesResponse
+	if err := c.client.Call(ctx, "cube.agent.v1.Agent", "ListProcesses", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

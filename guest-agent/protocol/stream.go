@@ -22,13 +22,20 @@ const (
 	// buffer without limit.
 	maxHeaderLine = 2*MaxIDLength + 64
 	noExec        = "-"
+	reattachFlag  = "reattach"
 )
 
-// StreamHeader opens a stdio stream: "CUBE-STREAM 1 <container> <exec|-> <stream>\n".
+// StreamHeader opens a stdio stream: "CUBE-STREAM 1 <container> <exec|-> <stream>\n",
+// or, re-attaching, "CUBE-STREAM 1 <container> <exec|-> <stream> reattach\n".
 type StreamHeader struct {
 	ContainerID string
 	ExecID      string // empty: the container's init process
 	Stream      Stream
+	// Reattach replaces the stream's connection when it has one: after a
+	// rollback or restore every vsock connection was reset (the transport
+	// reset), and the host connects the process's streams again. Without it,
+	// a second connection for a stream is refused.
+	Reattach bool
 }
 
 // ValidateID checks a container or exec id: 1..MaxIDLength characters from
@@ -80,7 +87,11 @@ func (h StreamHeader) Encode() ([]byte, error) {
 	if exec == "" {
 		exec = noExec
 	}
-	return fmt.Appendf(nil, "%s %d %s %s %s\n", streamMagic, ProtocolVersion, h.ContainerID, exec, h.Stream), nil
+	line := fmt.Appendf(nil, "%s %d %s %s %s", streamMagic, ProtocolVersion, h.ContainerID, exec, h.Stream)
+	if h.Reattach {
+		line = append(line, " "+reattachFlag...)
+	}
+	return append(line, '\n'), nil
 }
 
 // ParseStreamHeader parses one header line (without or with its newline).
@@ -90,13 +101,13 @@ func ParseStreamHeader(line []byte) (StreamHeader, error) {
 		return StreamHeader{}, fmt.Errorf("stream header is %d bytes, longer than %d", len(s), maxHeaderLine)
 	}
 	f := strings.Split(s, " ")
-	if len(f) != 5 || f[0] != streamMagic {
+	if len(f) < 5 || len(f) > 6 || f[0] != streamMagic || len(f) == 6 && f[5] != reattachFlag {
 		return StreamHeader{}, fmt.Errorf("malformed stream header %q", truncate(s))
 	}
 	if f[1] != fmt.Sprint(ProtocolVersion) {
 		return StreamHeader{}, fmt.Errorf("stream protocol version %q, want %d", truncate(f[1]), ProtocolVersion)
 	}
-	h := StreamHeader{ContainerID: f[2], ExecID: f[3], Stream: Stream(f[4])}
+	h := StreamHeader{ContainerID: f[2], ExecID: f[3], Stream: Stream(f[4]), Reattach: len(f) == 6}
 	if h.ExecID == noExec {
 		h.ExecID = ""
 	}

@@ -12,6 +12,7 @@ func TestStreamHeaderRoundTrip(t *testing.T) {
 	for _, h := range []StreamHeader{
 		{ContainerID: "c1", Stream: Stdout},
 		{ContainerID: "abc.def_g-1", ExecID: "e-2", Stream: Stdin},
+		{ContainerID: "c1", ExecID: "e", Stream: Stderr, Reattach: true},
 	} {
 		line, err := h.Encode()
 		if err != nil {
@@ -26,6 +27,8 @@ func TestStreamHeaderRoundTrip(t *testing.T) {
 
 func TestStreamHeaderRejects(t *testing.T) {
 	for _, line := range []string{
+		"CUBE-STREAM 1 c - stdout again",
+		"CUBE-STREAM 1 c - stdout reattach x",
 		"", "CUBE-STREAM 1 c - stdout extra", "CUBE-STREAM 2 c - stdout", "HTTP/1.1 GET /",
 		"CUBE-STREAM 1 ../etc - stdout", "CUBE-STREAM 1 c - stdlog", "CUBE-STREAM 1 - - stdout",
 		"CUBE-STREAM 1 c " + strings.Repeat("x", 200) + " stdout",
