@@ -8,6 +8,9 @@
 //	   |                paused
 //	   +--Kill/(exit)--> stopped
 //
+// A rollback of the VM to a snapshot taken before a process exited brings it
+// back: stopped --(rollback)--> running (or created), see rollback.go.
+//
 // Each state is its own type (like containerd's runc shim process package);
 // a method that is not valid in a state returns an ErrFailedPrecondition
 // error naming the state.
@@ -77,6 +80,18 @@ type Process struct {
 	st     state
 	exit   Exit
 	exited chan struct{}
+	// agent and io are the process's connection to the guest and its host
+	// stdio: a rollback replaces the agent connection (rollback.go) and a
+	// revived process gets new stdio.
+	agent sandbox.AgentClient
+	io    *stdio.IO
+	// gen counts the agent connections the process has had: a Wait that
+	// failed on an older one is re-issued.
+	gen uint64
+	// held: a rollback is in progress (Hold); rebound is closed when it ends
+	// (Rebind, Revive, EndRolledBack or Release).
+	held    bool
+	rebound chan struct{}
 }
 
 // New returns a process in the created state and starts waiting for its
@@ -85,9 +100,9 @@ func New(o Options) *Process {
 	if o.Log == nil {
 		o.Log = logrus.NewEntry(logrus.StandardLogger())
 	}
-	p := &Process{o: o, exited: make(chan struct{})}
+	p := &Process{o: o, exited: make(chan struct{}), agent: o.Agent, io: o.IO}
 	p.st = &createdState{p}
-	go p.waitExit()
+	go p.waitExit(p.exited)
 	return p
 }
 
@@ -122,8 +137,13 @@ func (p *Process) ExitStatus() Exit {
 	return p.exit
 }
 
-// Exited is closed when the process has stopped.
-func (p *Process) Exited() <-chan struct{} { return p.exited }
+// Exited is closed when the process has stopped (a revived process gets a
+// new one: ask again after a rollback).
+func (p *Process) Exited() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.exited
+}
 
 // Start runs a created process.
 func (p *Process) Start(ctx context.Context) error {
@@ -172,13 +192,16 @@ func (p *Process) CloseIO(ctx context.Context) error {
 	if st == Deleted {
 		return p.invalid("close stdin of")
 	}
-	if p.o.IO != nil {
-		p.o.IO.CloseStdin()
+	p.mu.Lock()
+	hio, agent := p.io, p.agent
+	p.mu.Unlock()
+	if hio != nil {
+		hio.CloseStdin()
 	}
 	if st == Stopped || p.vmGone() {
 		return nil
 	}
-	if err := p.o.Agent.CloseStdin(ctx, p.o.ContainerID, p.o.ExecID); err != nil {
+	if err := agent.CloseStdin(ctx, p.o.ContainerID, p.o.ExecID); err != nil {
 		return fmt.Errorf("close stdin of %s: %w", p.ID(), err)
 	}
 	return nil
@@ -193,7 +216,7 @@ func (p *Process) ResizePty(ctx context.Context, w, h uint32) error {
 	default:
 		return p.invalid("resize the terminal of")
 	}
-	if err := p.o.Agent.ResizePty(ctx, p.o.ContainerID, p.o.ExecID, w, h); err != nil {
+	if err := p.agent.ResizePty(ctx, p.o.ContainerID, p.o.ExecID, w, h); err != nil {
 		return fmt.Errorf("resize terminal of %s: %w", p.ID(), err)
 	}
 	return nil
@@ -202,6 +225,7 @@ func (p *Process) ResizePty(ctx context.Context, w, h uint32) error {
 // SetExited records the exit (first call wins) and runs OnExit.
 func (p *Process) SetExited(e Exit) {
 	p.mu.Lock()
+	exited := p.exited
 	changed := p.st.setExited(e)
 	p.mu.Unlock()
 	if changed {
@@ -210,7 +234,7 @@ func (p *Process) SetExited(e Exit) {
 		if p.o.OnExit != nil {
 			p.o.OnExit(p)
 		}
-		close(p.exited)
+		close(exited)
 	}
 }
 
@@ -228,13 +252,26 @@ func (p *Process) vmGone() bool {
 
 // waitExit turns the agent's Wait into SetExited. A failed Wait is an exit
 // too: ExitVMGone if the VM is gone (it closes every connection), ExitLost
-// otherwise.
-func (p *Process) waitExit() {
-	st, err := p.o.Agent.Wait(context.Background(), p.o.ContainerID, p.o.ExecID)
+// otherwise — unless a rollback replaced the connection it was on: it is then
+// re-issued on the new one (rollback.go). exited is the channel of the life
+// it waits for (a revived process waits anew).
+func (p *Process) waitExit(exited chan struct{}) {
 	var e Exit
-	if err == nil {
-		e = Exit{Status: st.Status, At: st.ExitedAt}
-	} else {
+	for {
+		p.mu.Lock()
+		agent, gen := p.agent, p.gen
+		p.mu.Unlock()
+		st, err := agent.Wait(context.Background(), p.o.ContainerID, p.o.ExecID)
+		if err == nil {
+			e = Exit{Status: st.Status, At: st.ExitedAt}
+			break
+		}
+		switch p.afterFailedWait(gen, exited) {
+		case waitAgain:
+			continue
+		case waitDone:
+			return
+		}
 		select {
 		case <-p.o.VMDone:
 			e = Exit{Status: ExitVMGone, At: time.Now()}
@@ -242,13 +279,17 @@ func (p *Process) waitExit() {
 			p.o.Log.WithError(err).WithField("process", p.ID()).Error("lost track of the guest process")
 			e = Exit{Status: ExitLost, At: time.Now()}
 		}
+		break
 	}
 	if e.At.IsZero() {
 		e.At = time.Now()
 	}
-	if p.o.IO != nil {
+	p.mu.Lock()
+	hio := p.io
+	p.mu.Unlock()
+	if hio != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), outputDrainTimeout)
-		if err := p.o.IO.WaitOutput(ctx); err != nil {
+		if err := hio.WaitOutput(ctx); err != nil {
 			p.o.Log.WithError(err).WithField("process", p.ID()).Warn("output not drained at exit")
 		}
 		cancel()
@@ -261,8 +302,8 @@ func (p *Process) invalid(what string) error {
 }
 
 func (p *Process) releaseIO() {
-	if p.o.IO != nil {
-		p.o.IO.Close()
+	if p.io != nil {
+		p.io.Close()
 	}
 }
 
@@ -272,7 +313,7 @@ func (p *Process) guestDelete(ctx context.Context, force bool) error {
 	if p.vmGone() {
 		return nil
 	}
-	if _, err := p.o.Agent.Delete(ctx, p.o.ContainerID, p.o.ExecID, force); err != nil {
+	if _, err := p.agent.Delete(ctx, p.o.ContainerID, p.o.ExecID, force); err != nil {
 		return fmt.Errorf("delete process %s in the guest: %w", p.ID(), err)
 	}
 	return nil

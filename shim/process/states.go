@@ -17,10 +17,13 @@ type state interface {
 	delete(ctx context.Context) error
 	// setExited moves to stopped; false if the exit was already recorded.
 	setExited(e Exit) bool
+	// revive moves a stopped process back to running (created: to created)
+	// after a rollback to a snapshot taken before it exited.
+	revive(created bool) error
 }
 
 func signal(ctx context.Context, p *Process, sig uint32, all bool) error {
-	if err := p.o.Agent.Signal(ctx, p.o.ContainerID, p.o.ExecID, sig, all); err != nil {
+	if err := p.agent.Signal(ctx, p.o.ContainerID, p.o.ExecID, sig, all); err != nil {
 		return fmt.Errorf("signal %d to %s: %w", sig, p.ID(), err)
 	}
 	return nil
@@ -32,7 +35,7 @@ func (s *createdState) status() Status { return Created }
 
 func (s *createdState) start(ctx context.Context) error {
 	p := s.p
-	if _, err := p.o.Agent.Start(ctx, p.o.ContainerID, p.o.ExecID); err != nil {
+	if _, err := p.agent.Start(ctx, p.o.ContainerID, p.o.ExecID); err != nil {
 		return fmt.Errorf("start %s: %w", p.ID(), err)
 	}
 	p.st = &runningState{p}
@@ -56,6 +59,8 @@ func (s *createdState) delete(ctx context.Context) error {
 	p.st = &deletedState{p}
 	return nil
 }
+
+func (s *createdState) revive(bool) error { return s.p.invalid("revive") }
 
 func (s *createdState) setExited(e Exit) bool {
 	s.p.exit = e
@@ -83,6 +88,8 @@ func (s *runningState) delete(ctx context.Context) error {
 	return fmt.Errorf("cannot delete process %s: it is running (kill it first): %w", s.p.ID(), errdefs.ErrFailedPrecondition)
 }
 
+func (s *runningState) revive(bool) error { return s.p.invalid("revive") }
+
 func (s *runningState) setExited(e Exit) bool {
 	s.p.exit = e
 	s.p.st = &stoppedState{s.p}
@@ -109,6 +116,8 @@ func (s *pausedState) resume() error {
 func (s *pausedState) delete(ctx context.Context) error {
 	return fmt.Errorf("cannot delete process %s: it is paused: %w", s.p.ID(), errdefs.ErrFailedPrecondition)
 }
+
+func (s *pausedState) revive(bool) error { return s.p.invalid("revive") }
 
 // setExited while paused happens when the VM dies while frozen.
 func (s *pausedState) setExited(e Exit) bool {
@@ -141,6 +150,16 @@ func (s *stoppedState) delete(ctx context.Context) error {
 
 func (s *stoppedState) setExited(Exit) bool { return false }
 
+// revive: the guest runs the process again (a rollback to before its exit).
+func (s *stoppedState) revive(created bool) error {
+	if created {
+		s.p.st = &createdState{s.p}
+	} else {
+		s.p.st = &runningState{s.p}
+	}
+	return nil
+}
+
 type deletedState struct{ p *Process }
 
 func (s *deletedState) status() Status                  { return Deleted }
@@ -152,3 +171,4 @@ func (s *deletedState) pause() error                     { return s.p.invalid("p
 func (s *deletedState) resume() error                    { return s.p.invalid("resume") }
 func (s *deletedState) delete(ctx context.Context) error { return s.p.invalid("delete") }
 func (s *deletedState) setExited(Exit) bool              { return false }
+func (s *deletedState) revive(bool) error                { return s.p.invalid("revive") }

@@ -91,8 +91,36 @@ type AgentClient interface {
 	// OpenStream attaches one stdio stream of a created process. For stdin
 	// the host's half-close (CloseWrite) is EOF; output streams end at EOF.
 	OpenStream(ctx context.Context, containerID, execID string, s Stream) (net.Conn, error)
+	// ReattachStream connects one stdio stream of a process again after a
+	// rollback or restore reset every vsock connection: the new connection
+	// replaces the dead one (output the process wrote meanwhile is held by
+	// the agent and delivered on it; stdin stays open).
+	ReattachStream(ctx context.Context, containerID, execID string, s Stream) (net.Conn, error)
+	// ListProcesses lists every process the agent holds (until Delete).
+	ListProcesses(ctx context.Context) ([]GuestProcess, error)
 	Close() error
 }
+
+// GuestProcess is one process as the guest agent holds it.
+type GuestProcess struct {
+	ContainerID, ExecID string // ExecID "" for the container's init
+	Pid                 uint32
+	// Status: "created", "running" or "stopped".
+	Status   string
+	Exit     ExitStatus // when stopped
+	Stdio    StdioFlags // the streams it was created with
+	Terminal bool
+	// Known is the task service's, not the agent's: containerd knows the
+	// process (its task or exec exists in the shim).
+	Known bool
+}
+
+// Guest process statuses (GuestProcess.Status), as the agent names them.
+const (
+	GuestCreated = "created"
+	GuestRunning = "running"
+	GuestStopped = "stopped"
+)
 
 // AgentDialer connects to the agent of a started VM (through vmm.DialVsock).
 type AgentDialer func(ctx context.Context, vmm VMM) (AgentClient, error)

@@ -204,7 +204,33 @@ func (a *protocolAgent) WriteFile(ctx context.Context, path string, data []byte,
 	}
 }
 
+func (a *protocolAgent) ListProcesses(ctx context.Context) ([]GuestProcess, error) {
+	r, err := a.c.ListProcesses(ctx, &protocol.ListProcessesRequest{})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]GuestProcess, 0, len(r.GetProcesses()))
+	for _, p := range r.GetProcesses() {
+		g := GuestProcess{ContainerID: p.GetContainerId(), ExecID: p.GetExecId(), Pid: p.GetPid(), Status: p.GetStatus(),
+			Stdio:    StdioFlags{Stdin: p.GetStdio().GetStdin(), Stdout: p.GetStdio().GetStdout(), Stderr: p.GetStdio().GetStderr()},
+			Terminal: p.GetTerminal()}
+		if g.Status == GuestStopped {
+			g.Exit = ExitStatus{Status: p.GetExitStatus(), ExitedAt: time.Unix(0, p.GetExitedAtUnixNano())}
+		}
+		out = append(out, g)
+	}
+	return out, nil
+}
+
 func (a *protocolAgent) OpenStream(ctx context.Context, cid, eid string, s Stream) (net.Conn, error) {
+	return a.openStream(ctx, protocol.StreamHeader{ContainerID: cid, ExecID: eid, Stream: protocol.Stream(s)})
+}
+
+func (a *protocolAgent) ReattachStream(ctx context.Context, cid, eid string, s Stream) (net.Conn, error) {
+	return a.openStream(ctx, protocol.StreamHeader{ContainerID: cid, ExecID: eid, Stream: protocol.Stream(s), Reattach: true})
+}
+
+func (a *protocolAgent) openStream(ctx context.Context, h protocol.StreamHeader) (net.Conn, error) {
 	conn, err := a.vmm.DialVsock(ctx, protocol.StreamPort)
 	if err != nil {
 		return nil, err
@@ -212,9 +238,9 @@ func (a *protocolAgent) OpenStream(ctx context.Context, cid, eid string, s Strea
 	if dl, ok := ctx.Deadline(); ok {
 		_ = conn.SetDeadline(dl)
 	}
-	if err := protocol.OpenStream(conn, protocol.StreamHeader{ContainerID: cid, ExecID: eid, Stream: protocol.Stream(s)}); err != nil {
+	if err := protocol.OpenStream(conn, h); err != nil {
 		conn.Close()
-		return nil, fmt.Errorf("open %s stream of %s/%s: %w", s, cid, eid, err)
+		return nil, fmt.Errorf("open %s stream of %s/%s: %w", h.Stream, h.ContainerID, h.ExecID, err)
 	}
 	_ = conn.SetDeadline(time.Time{})
 	return conn, nil

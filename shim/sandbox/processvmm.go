@@ -292,6 +292,16 @@ func (v *ProcessVMM) Snapshot(ctx context.Context, dir string, incremental bool)
 	return res, err
 }
 
+// Rollback implements VMM with the control op "rollback".
+func (v *ProcessVMM) Rollback(ctx context.Context, dir string) (control.RollbackResult, error) {
+	var res control.RollbackResult
+	err := v.control(ctx, func(c *control.Client) (err error) {
+		res, err = c.Rollback(ctx, dir)
+		return err
+	})
+	return res, err
+}
+
 // control runs do on a connection to cube-vmm's control socket made for it:
 // one per request, so that a request cut short by its ctx leaves nothing
 // behind for the next.

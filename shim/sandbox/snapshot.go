@@ -47,7 +47,7 @@ func (s *Sandbox) beginOp(what string) (end func(), err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if op := s.op; op != nil {
-		return nil, fmt.Errorf("sandbox %s is busy: %s has been running since %s (%s); one snapshot at a time per sandbox: retry once it has finished: %w",
+		return nil, fmt.Errorf("sandbox %s is busy: %s has been running since %s (%s); one snapshot or rollback at a time per sandbox: retry once it has finished: %w",
 			s.o.ID, op.what, op.since.UTC().Format(time.RFC3339), time.Since(op.since).Round(time.Millisecond), errdefs.ErrUnavailable)
 	}
 	op := &runningOp{what: what, since: time.Now()}

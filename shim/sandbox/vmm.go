@@ -61,6 +61,11 @@ type VMM interface {
 	// Incremental writes only the memory pages dirtied since the VM's last
 	// snapshot, which dir must be beside (the VMM refuses otherwise).
 	Snapshot(ctx context.Context, dir string, incremental bool) (control.SnapshotResult, error)
+	// Rollback rolls the running VM back in place to the snapshot in dir
+	// (same process, same sockets). A rollback that fails leaves the VM as
+	// it was (cube-vmm undoes its own failure); one that succeeds has reset
+	// every vsock connection.
+	Rollback(ctx context.Context, dir string) (control.RollbackResult, error)
 	// Stop ends the VM: a graceful stop request, then SIGKILL after ctx ends.
 	Stop(ctx context.Context) error
 	Wait() <-chan struct{}

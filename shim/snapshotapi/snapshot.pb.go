@@ -657,6 +657,664 @@ func (x *Sizes) GetReflinked() bool {
 	return false
 }
 
+type RollbackRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// container_id is any container of the sandbox (the VM rolls back whole).
+	ContainerId string `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	// dir is the VM snapshot to roll back to: absolute and clean.
+	Dir string `protobuf:"bytes,2,opt,name=dir,proto3" json:"dir,omitempty"`
+	// id is the caller's (the store's) id of the snapshot, for the shim's log
+	// and the reply; not checked.
+	Id            string `protobuf:"bytes,3,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RollbackRequest) Reset() {
+	*x = RollbackRequest{}
+	mi := &file_snapshot_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RollbackRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RollbackRequest) ProtoMessage() {}
+
+func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_snapshot_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RollbackRequest.ProtoReflect.Descriptor instead.
+func (*RollbackRequest) Descriptor() ([]byte, []int) {
+	return file_snapshot_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *RollbackRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *RollbackRequest) GetDir() string {
+	if x != nil {
+		return x.Dir
+	}
+	return ""
+}
+
+func (x *RollbackRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type RollbackResponse struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Dir       string                 `protobuf:"bytes,2,opt,name=dir,proto3" json:"dir,omitempty"`
+	Id        string                 `protobuf:"bytes,3,opt,name=id,proto3" json:"id,omitempty"`
+	// vmm_pid is the VMM's host pid: the same before and after.
+	VmmPid  uint32           `protobuf:"varint,4,opt,name=vmm_pid,json=vmmPid,proto3" json:"vmm_pid,omitempty"`
+	Timings *RollbackTimings `protobuf:"bytes,5,opt,name=timings,proto3" json:"timings,omitempty"`
+	// memory is how cube-vmm brought guest memory back: "rewrite-dirty" (the
+	// snapshot is the VM's parent: only the pages written since were read
+	// back) or "remap" (the mappings were replaced).
+	Memory         string `protobuf:"bytes,6,opt,name=memory,proto3" json:"memory,omitempty"`
+	PagesRewritten int64  `protobuf:"varint,7,opt,name=pages_rewritten,json=pagesRewritten,proto3" json:"pages_rewritten,omitempty"`
+	// processes: what the reconciliation did with each process the shim or
+	// the guest knows.
+	Processes []*ProcessChange `protobuf:"bytes,8,rep,name=processes,proto3" json:"processes,omitempty"`
+	// warnings: steps after the VMM's rollback that failed without undoing
+	// it (e.g. a thaw), each with its cause.
+	Warnings      []string `protobuf:"bytes,9,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RollbackResponse) Reset() {
+	*x = RollbackResponse{}
+	mi := &file_snapshot_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RollbackResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RollbackResponse) ProtoMessage() {}
+
+func (x *RollbackResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_snapshot_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RollbackResponse.ProtoReflect.Descriptor instead.
+func (*RollbackResponse) Descriptor() ([]byte, []int) {
+	return file_snapshot_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *RollbackResponse) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *RollbackResponse) GetDir() string {
+	if x != nil {
+		return x.Dir
+	}
+	return ""
+}
+
+func (x *RollbackResponse) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *RollbackResponse) GetVmmPid() uint32 {
+	if x != nil {
+		return x.VmmPid
+	}
+	return 0
+}
+
+func (x *RollbackResponse) GetTimings() *RollbackTimings {
+	if x != nil {
+		return x.Timings
+	}
+	return nil
+}
+
+func (x *RollbackResponse) GetMemory() string {
+	if x != nil {
+		return x.Memory
+	}
+	return ""
+}
+
+func (x *RollbackResponse) GetPagesRewritten() int64 {
+	if x != nil {
+		return x.PagesRewritten
+	}
+	return 0
+}
+
+func (x *RollbackResponse) GetProcesses() []*ProcessChange {
+	if x != nil {
+		return x.Processes
+	}
+	return nil
+}
+
+func (x *RollbackResponse) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
+}
+
+// Timings in milliseconds.
+type RollbackTimings struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// vmm_prepare_ms: cube-vmm checking and opening the snapshot, the VM running.
+	VmmPrepareMs float64 `protobuf:"fixed64,1,opt,name=vmm_prepare_ms,json=vmmPrepareMs,proto3" json:"vmm_prepare_ms,omitempty"`
+	// vmm_frozen_ms: the vCPUs were stopped.
+	VmmFrozenMs float64 `protobuf:"fixed64,2,opt,name=vmm_frozen_ms,json=vmmFrozenMs,proto3" json:"vmm_frozen_ms,omitempty"`
+	// vmm_total_ms: cube-vmm's op from request to reply.
+	VmmTotalMs float64 `protobuf:"fixed64,3,opt,name=vmm_total_ms,json=vmmTotalMs,proto3" json:"vmm_total_ms,omitempty"`
+	// reconnect_ms: dialing the guest agent again (every vsock connection
+	// was reset) and thawing, stepping the clock, reseeding the RNG.
+	ReconnectMs float64 `protobuf:"fixed64,4,opt,name=reconnect_ms,json=reconnectMs,proto3" json:"reconnect_ms,omitempty"`
+	// reconcile_ms: matching the shim's processes with the guest's.
+	ReconcileMs float64 `protobuf:"fixed64,5,opt,name=reconcile_ms,json=reconcileMs,proto3" json:"reconcile_ms,omitempty"`
+	// shim_total_ms: the whole rollback as the shim saw it.
+	ShimTotalMs   float64 `protobuf:"fixed64,6,opt,name=shim_total_ms,json=shimTotalMs,proto3" json:"shim_total_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RollbackTimings) Reset() {
+	*x = RollbackTimings{}
+	mi := &file_snapshot_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RollbackTimings) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RollbackTimings) ProtoMessage() {}
+
+func (x *RollbackTimings) ProtoReflect() protoreflect.Message {
+	mi := &file_snapshot_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RollbackTimings.ProtoReflect.Descriptor instead.
+func (*RollbackTimings) Descriptor() ([]byte, []int) {
+	return file_snapshot_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *RollbackTimings) GetVmmPrepareMs() float64 {
+	if x != nil {
+		return x.VmmPrepareMs
+	}
+	return 0
+}
+
+func (x *RollbackTimings) GetVmmFrozenMs() float64 {
+	if x != nil {
+		return x.VmmFrozenMs
+	}
+	return 0
+}
+
+func (x *RollbackTimings) GetVmmTotalMs() float64 {
+	if x != nil {
+		return x.VmmTotalMs
+	}
+	return 0
+}
+
+func (x *RollbackTimings) GetReconnectMs() float64 {
+	if x != nil {
+		return x.ReconnectMs
+	}
+	return 0
+}
+
+func (x *RollbackTimings) GetReconcileMs() float64 {
+	if x != nil {
+		return x.ReconcileMs
+	}
+	return 0
+}
+
+func (x *RollbackTimings) GetShimTotalMs() float64 {
+	if x != nil {
+		return x.ShimTotalMs
+	}
+	return 0
+}
+
+// ProcessChange is one process after a rollback.
+type ProcessChange struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	// exec_id is empty for a container's init.
+	ExecId string `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	// pid is the guest pid (0 when the guest has no such process).
+	Pid uint32 `protobuf:"varint,3,opt,name=pid,proto3" json:"pid,omitempty"`
+	// action: "ended" (containerd knew it, the snapshot did not: it ended
+	// with exit status 137 and an exit event), "revived" (it had exited
+	// after the snapshot: running again, its streams re-attached),
+	// "reattached" (running before and after: its streams re-attached, its
+	// wait re-issued), "unchanged" (stopped before and after), "unknown"
+	// (the guest runs it but containerd deleted it: list and signal it with
+	// ListProcesses and Signal).
+	Action string `protobuf:"bytes,4,opt,name=action,proto3" json:"action,omitempty"`
+	// status is the guest's after the rollback: created, running, stopped.
+	Status        string `protobuf:"bytes,5,opt,name=status,proto3" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProcessChange) Reset() {
+	*x = ProcessChange{}
+	mi := &file_snapshot_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProcessChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProcessChange) ProtoMessage() {}
+
+func (x *ProcessChange) ProtoReflect() protoreflect.Message {
+	mi := &file_snapshot_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProcessChange.ProtoReflect.Descriptor instead.
+func (*ProcessChange) Descriptor() ([]byte, []int) {
+	return file_snapshot_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ProcessChange) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *ProcessChange) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *ProcessChange) GetPid() uint32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *ProcessChange) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+func (x *ProcessChange) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+type ListProcessesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// container_id is any container of the sandbox.
+	ContainerId   string `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListProcessesRequest) Reset() {
+	*x = ListProcessesRequest{}
+	mi := &file_snapshot_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListProcessesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListProcessesRequest) ProtoMessage() {}
+
+func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_snapshot_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
+func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
+	return file_snapshot_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ListProcessesRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+type ListProcessesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Processes     []*GuestProcess        `protobuf:"bytes,2,rep,name=processes,proto3" json:"processes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListProcessesResponse) Reset() {
+	*x = ListProcessesResponse{}
+	mi := &file_snapshot_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListProcessesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListProcessesResponse) ProtoMessage() {}
+
+func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_snapshot_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
+func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
+	return file_snapshot_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ListProcessesResponse) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ListProcessesResponse) GetProcesses() []*GuestProcess {
+	if x != nil {
+		return x.Processes
+	}
+	return nil
+}
+
+type GuestProcess struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	ExecId      string                 `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	Pid         uint32                 `protobuf:"varint,3,opt,name=pid,proto3" json:"pid,omitempty"`
+	// created, running, stopped (the guest agent's view)
+	Status           string `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
+	ExitStatus       uint32 `protobuf:"varint,5,opt,name=exit_status,json=exitStatus,proto3" json:"exit_status,omitempty"`
+	ExitedAtUnixNano int64  `protobuf:"varint,6,opt,name=exited_at_unix_nano,json=exitedAtUnixNano,proto3" json:"exited_at_unix_nano,omitempty"`
+	// known: containerd knows the process (its task or exec exists in the
+	// shim); false for one a rollback brought back after containerd deleted it.
+	Known         bool `protobuf:"varint,7,opt,name=known,proto3" json:"known,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GuestProcess) Reset() {
+	*x = GuestProcess{}
+	mi := &file_snapshot_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GuestProcess) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GuestProcess) ProtoMessage() {}
+
+func (x *GuestProcess) ProtoReflect() protoreflect.Message {
+	mi := &file_snapshot_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GuestProcess.ProtoReflect.Descriptor instead.
+func (*GuestProcess) Descriptor() ([]byte, []int) {
+	return file_snapshot_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *GuestProcess) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *GuestProcess) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *GuestProcess) GetPid() uint32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *GuestProcess) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *GuestProcess) GetExitStatus() uint32 {
+	if x != nil {
+		return x.ExitStatus
+	}
+	return 0
+}
+
+func (x *GuestProcess) GetExitedAtUnixNano() int64 {
+	if x != nil {
+		return x.ExitedAtUnixNano
+	}
+	return 0
+}
+
+func (x *GuestProcess) GetKnown() bool {
+	if x != nil {
+		return x.Known
+	}
+	return false
+}
+
+type SignalRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// container_id is the process's container (a container of this shim).
+	ContainerId string `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	// exec_id is empty for the container's init.
+	ExecId string `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	Signal uint32 `protobuf:"varint,3,opt,name=signal,proto3" json:"signal,omitempty"`
+	// all signals every process of the container.
+	All           bool `protobuf:"varint,4,opt,name=all,proto3" json:"all,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SignalRequest) Reset() {
+	*x = SignalRequest{}
+	mi := &file_snapshot_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SignalRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SignalRequest) ProtoMessage() {}
+
+func (x *SignalRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_snapshot_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
+func (*SignalRequest) Descriptor() ([]byte, []int) {
+	return file_snapshot_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *SignalRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *SignalRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *SignalRequest) GetSignal() uint32 {
+	if x != nil {
+		return x.Signal
+	}
+	return 0
+}
+
+func (x *SignalRequest) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
+}
+
+type SignalResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SignalResponse) Reset() {
+	*x = SignalResponse{}
+	mi := &file_snapshot_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SignalResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SignalResponse) ProtoMessage() {}
+
+func (x *SignalResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_snapshot_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SignalResponse.ProtoReflect.Descriptor instead.
+func (*SignalResponse) Descriptor() ([]byte, []int) {
+	return file_snapshot_proto_rawDescGZIP(), []int{17}
+}
+
 var File_snapshot_proto protoreflect.FileDescriptor
 
 const file_snapshot_proto_rawDesc = "" +
@@ -710,11 +1368,64 @@ const file_snapshot_proto_rawDesc = "" +
 	"\x0erecopied_bytes\x18\x02 \x01(\x03R\rrecopiedBytes\x12\x1d\n" +
 	"\n" +
 	"disk_bytes\x18\x03 \x01(\x03R\tdiskBytes\x12\x1c\n" +
-	"\treflinked\x18\x04 \x01(\bR\treflinked2\xf5\x01\n" +
+	"\treflinked\x18\x04 \x01(\bR\treflinked\"V\n" +
+	"\x0fRollbackRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x10\n" +
+	"\x03dir\x18\x02 \x01(\tR\x03dir\x12\x0e\n" +
+	"\x02id\x18\x03 \x01(\tR\x02id\"\xc5\x02\n" +
+	"\x10RollbackResponse\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x10\n" +
+	"\x03dir\x18\x02 \x01(\tR\x03dir\x12\x0e\n" +
+	"\x02id\x18\x03 \x01(\tR\x02id\x12\x17\n" +
+	"\avmm_pid\x18\x04 \x01(\rR\x06vmmPid\x12;\n" +
+	"\atimings\x18\x05 \x01(\v2!.cube.snapshot.v1.RollbackTimingsR\atimings\x12\x16\n" +
+	"\x06memory\x18\x06 \x01(\tR\x06memory\x12'\n" +
+	"\x0fpages_rewritten\x18\a \x01(\x03R\x0epagesRewritten\x12=\n" +
+	"\tprocesses\x18\b \x03(\v2\x1f.cube.snapshot.v1.ProcessChangeR\tprocesses\x12\x1a\n" +
+	"\bwarnings\x18\t \x03(\tR\bwarnings\"\xe7\x01\n" +
+	"\x0fRollbackTimings\x12$\n" +
+	"\x0evmm_prepare_ms\x18\x01 \x01(\x01R\fvmmPrepareMs\x12\"\n" +
+	"\rvmm_frozen_ms\x18\x02 \x01(\x01R\vvmmFrozenMs\x12 \n" +
+	"\fvmm_total_ms\x18\x03 \x01(\x01R\n" +
+	"vmmTotalMs\x12!\n" +
+	"\freconnect_ms\x18\x04 \x01(\x01R\vreconnectMs\x12!\n" +
+	"\freconcile_ms\x18\x05 \x01(\x01R\vreconcileMs\x12\"\n" +
+	"\rshim_total_ms\x18\x06 \x01(\x01R\vshimTotalMs\"\x8d\x01\n" +
+	"\rProcessChange\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x10\n" +
+	"\x03pid\x18\x03 \x01(\rR\x03pid\x12\x16\n" +
+	"\x06action\x18\x04 \x01(\tR\x06action\x12\x16\n" +
+	"\x06status\x18\x05 \x01(\tR\x06status\"9\n" +
+	"\x14ListProcessesRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\"t\n" +
+	"\x15ListProcessesResponse\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12<\n" +
+	"\tprocesses\x18\x02 \x03(\v2\x1e.cube.snapshot.v1.GuestProcessR\tprocesses\"\xda\x01\n" +
+	"\fGuestProcess\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x10\n" +
+	"\x03pid\x18\x03 \x01(\rR\x03pid\x12\x16\n" +
+	"\x06status\x18\x04 \x01(\tR\x06status\x12\x1f\n" +
+	"\vexit_status\x18\x05 \x01(\rR\n" +
+	"exitStatus\x12-\n" +
+	"\x13exited_at_unix_nano\x18\x06 \x01(\x03R\x10exitedAtUnixNano\x12\x14\n" +
+	"\x05known\x18\a \x01(\bR\x05known\"u\n" +
+	"\rSignalRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x16\n" +
+	"\x06signal\x18\x03 \x01(\rR\x06signal\x12\x10\n" +
+	"\x03all\x18\x04 \x01(\bR\x03all\"\x10\n" +
+	"\x0eSignalResponse2\xf7\x03\n" +
 	"\tSnapshots\x12Q\n" +
 	"\bSnapshot\x12!.cube.snapshot.v1.SnapshotRequest\x1a\".cube.snapshot.v1.SnapshotResponse\x12E\n" +
 	"\x04List\x12\x1d.cube.snapshot.v1.ListRequest\x1a\x1e.cube.snapshot.v1.ListResponse\x12N\n" +
-	"\aInspect\x12 .cube.snapshot.v1.InspectRequest\x1a!.cube.snapshot.v1.InspectResponseB;Z9github.com/cube-runtime/cube/shim/snapshotapi;snapshotapib\x06proto3"
+	"\aInspect\x12 .cube.snapshot.v1.InspectRequest\x1a!.cube.snapshot.v1.InspectResponse\x12Q\n" +
+	"\bRollback\x12!.cube.snapshot.v1.RollbackRequest\x1a\".cube.snapshot.v1.RollbackResponse\x12`\n" +
+	"\rListProcesses\x12&.cube.snapshot.v1.ListProcessesRequest\x1a'.cube.snapshot.v1.ListProcessesResponse\x12K\n" +
+	"\x06Signal\x12\x1f.cube.snapshot.v1.SignalRequest\x1a .cube.snapshot.v1.SignalResponseB;Z9github.com/cube-runtime/cube/shim/snapshotapi;snapshotapib\x06proto3"
 
 var (
 	file_snapshot_proto_rawDescOnce sync.Once
@@ -728,35 +1439,53 @@ func file_snapshot_proto_rawDescGZIP() []byte {
 	return file_snapshot_proto_rawDescData
 }
 
-var file_snapshot_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_snapshot_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_snapshot_proto_goTypes = []any{
-	(*SnapshotRequest)(nil),  // 0: cube.snapshot.v1.SnapshotRequest
-	(*SnapshotResponse)(nil), // 1: cube.snapshot.v1.SnapshotResponse
-	(*ListRequest)(nil),      // 2: cube.snapshot.v1.ListRequest
-	(*ListResponse)(nil),     // 3: cube.snapshot.v1.ListResponse
-	(*InspectRequest)(nil),   // 4: cube.snapshot.v1.InspectRequest
-	(*InspectResponse)(nil),  // 5: cube.snapshot.v1.InspectResponse
-	(*Snapshot)(nil),         // 6: cube.snapshot.v1.Snapshot
-	(*Timings)(nil),          // 7: cube.snapshot.v1.Timings
-	(*Sizes)(nil),            // 8: cube.snapshot.v1.Sizes
+	(*SnapshotRequest)(nil),       // 0: cube.snapshot.v1.SnapshotRequest
+	(*SnapshotResponse)(nil),      // 1: cube.snapshot.v1.SnapshotResponse
+	(*ListRequest)(nil),           // 2: cube.snapshot.v1.ListRequest
+	(*ListResponse)(nil),          // 3: cube.snapshot.v1.ListResponse
+	(*InspectRequest)(nil),        // 4: cube.snapshot.v1.InspectRequest
+	(*InspectResponse)(nil),       // 5: cube.snapshot.v1.InspectResponse
+	(*Snapshot)(nil),              // 6: cube.snapshot.v1.Snapshot
+	(*Timings)(nil),               // 7: cube.snapshot.v1.Timings
+	(*Sizes)(nil),                 // 8: cube.snapshot.v1.Sizes
+	(*RollbackRequest)(nil),       // 9: cube.snapshot.v1.RollbackRequest
+	(*RollbackResponse)(nil),      // 10: cube.snapshot.v1.RollbackResponse
+	(*RollbackTimings)(nil),       // 11: cube.snapshot.v1.RollbackTimings
+	(*ProcessChange)(nil),         // 12: cube.snapshot.v1.ProcessChange
+	(*ListProcessesRequest)(nil),  // 13: cube.snapshot.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil), // 14: cube.snapshot.v1.ListProcessesResponse
+	(*GuestProcess)(nil),          // 15: cube.snapshot.v1.GuestProcess
+	(*SignalRequest)(nil),         // 16: cube.snapshot.v1.SignalRequest
+	(*SignalResponse)(nil),        // 17: cube.snapshot.v1.SignalResponse
 }
 var file_snapshot_proto_depIdxs = []int32{
-	6, // 0: cube.snapshot.v1.SnapshotResponse.snapshot:type_name -> cube.snapshot.v1.Snapshot
-	6, // 1: cube.snapshot.v1.ListResponse.snapshots:type_name -> cube.snapshot.v1.Snapshot
-	6, // 2: cube.snapshot.v1.InspectResponse.snapshot:type_name -> cube.snapshot.v1.Snapshot
-	7, // 3: cube.snapshot.v1.Snapshot.timings:type_name -> cube.snapshot.v1.Timings
-	8, // 4: cube.snapshot.v1.Snapshot.sizes:type_name -> cube.snapshot.v1.Sizes
-	0, // 5: cube.snapshot.v1.Snapshots.Snapshot:input_type -> cube.snapshot.v1.SnapshotRequest
-	2, // 6: cube.snapshot.v1.Snapshots.List:input_type -> cube.snapshot.v1.ListRequest
-	4, // 7: cube.snapshot.v1.Snapshots.Inspect:input_type -> cube.snapshot.v1.InspectRequest
-	1, // 8: cube.snapshot.v1.Snapshots.Snapshot:output_type -> cube.snapshot.v1.SnapshotResponse
-	3, // 9: cube.snapshot.v1.Snapshots.List:output_type -> cube.snapshot.v1.ListResponse
-	5, // 10: cube.snapshot.v1.Snapshots.Inspect:output_type -> cube.snapshot.v1.InspectResponse
-	8, // [8:11] is the sub-list for method output_type
-	5, // [5:8] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	6,  // 0: cube.snapshot.v1.SnapshotResponse.snapshot:type_name -> cube.snapshot.v1.Snapshot
+	6,  // 1: cube.snapshot.v1.ListResponse.snapshots:type_name -> cube.snapshot.v1.Snapshot
+	6,  // 2: cube.snapshot.v1.InspectResponse.snapshot:type_name -> cube.snapshot.v1.Snapshot
+	7,  // 3: cube.snapshot.v1.Snapshot.timings:type_name -> cube.snapshot.v1.Timings
+	8,  // 4: cube.snapshot.v1.Snapshot.sizes:type_name -> cube.snapshot.v1.Sizes
+	11, // 5: cube.snapshot.v1.RollbackResponse.timings:type_name -> cube.snapshot.v1.RollbackTimings
+	12, // 6: cube.snapshot.v1.RollbackResponse.processes:type_name -> cube.snapshot.v1.ProcessChange
+	15, // 7: cube.snapshot.v1.ListProcessesResponse.processes:type_name -> cube.snapshot.v1.GuestProcess
+	0,  // 8: cube.snapshot.v1.Snapshots.Snapshot:input_type -> cube.snapshot.v1.SnapshotRequest
+	2,  // 9: cube.snapshot.v1.Snapshots.List:input_type -> cube.snapshot.v1.ListRequest
+	4,  // 10: cube.snapshot.v1.Snapshots.Inspect:input_type -> cube.snapshot.v1.InspectRequest
+	9,  // 11: cube.snapshot.v1.Snapshots.Rollback:input_type -> cube.snapshot.v1.RollbackRequest
+	13, // 12: cube.snapshot.v1.Snapshots.ListProcesses:input_type -> cube.snapshot.v1.ListProcessesRequest
+	16, // 13: cube.snapshot.v1.Snapshots.Signal:input_type -> cube.snapshot.v1.SignalRequest
+	1,  // 14: cube.snapshot.v1.Snapshots.Snapshot:output_type -> cube.snapshot.v1.SnapshotResponse
+	3,  // 15: cube.snapshot.v1.Snapshots.List:output_type -> cube.snapshot.v1.ListResponse
+	5,  // 16: cube.snapshot.v1.Snapshots.Inspect:output_type -> cube.snapshot.v1.InspectResponse
+	10, // 17: cube.snapshot.v1.Snapshots.Rollback:output_type -> cube.snapshot.v1.RollbackResponse
+	14, // 18: cube.snapshot.v1.Snapshots.ListProcesses:output_type -> cube.snapshot.v1.ListProcessesResponse
+	17, // 19: cube.snapshot.v1.Snapshots.Signal:output_type -> cube.snapshot.v1.SignalResponse
+	14, // [14:20] is the sub-list for method output_type
+	8,  // [8:14] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_snapshot_proto_init() }
@@ -770,7 +1499,7 @@ func file_snapshot_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_snapshot_proto_rawDesc), len(file_snapshot_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

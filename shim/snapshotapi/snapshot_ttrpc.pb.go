@@ -11,6 +11,9 @@ type SnapshotsService interface {
 	Snapshot(context.Context, *SnapshotRequest) (*SnapshotResponse, error)
 	List(context.Context, *ListRequest) (*ListResponse, error)
 	Inspect(context.Context, *InspectRequest) (*InspectResponse, error)
+	Rollback(context.Context, *RollbackRequest) (*RollbackResponse, error)
+	ListProcesses(context.Context, *ListProcessesRequest) (*ListProcessesResponse, error)
+	Signal(context.Context, *SignalRequest) (*SignalResponse, error)
 }
 
 func RegisterSnapshotsService(srv *ttrpc.Server, svc SnapshotsService) {
@@ -36,6 +39,27 @@ func RegisterSnapshotsService(srv *ttrpc.Server, svc SnapshotsService) {
 					return nil, err
 				}
 				return svc.Inspect(ctx, &req)
+			},
+			"Rollback": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req RollbackRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.Rollback(ctx, &req)
+			},
+			"ListProcesses": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ListProcessesRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ListProcesses(ctx, &req)
+			},
+			"Signal": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req SignalRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.Signal(ctx, &req)
 			},
 		},
 	})
@@ -70,6 +94,30 @@ func (c *snapshotsClient) List(ctx context.Context, req *ListRequest) (*ListResp
 func (c *snapshotsClient) Inspect(ctx context.Context, req *InspectRequest) (*InspectResponse, error) {
 	var resp InspectResponse
 	if err := c.client.Call(ctx, "cube.snapshot.v1.Snapshots", "Inspect", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *snapshotsClient) Rollback(ctx context.Context, req *RollbackRequest) (*RollbackResponse, error) {
+	var resp RollbackResponse
+	if err := c.client.Call(ctx, "cube.snapshot.v1.Snapshots", "Rollback", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *snapshotsClient) ListProcesses(ctx context.Context, req *ListProcessesRequest) (*ListProcessesResponse, error) {
+	var resp ListProcessesResponse
+	if err := c.client.Call(ctx, "cube.snapshot.v1.Snapshots", "ListProcesses", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *snapshotsClient) Signal(ctx context.Context, req *SignalRequest) (*SignalResponse, error) {
+	var resp SignalResponse
+	if err := c.client.Call(ctx, "cube.snapshot.v1.Snapshots", "Signal", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

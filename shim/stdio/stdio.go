@@ -53,6 +53,15 @@ type IO struct {
 	drainOnce sync.Once
 	closed    atomic.Bool
 	log       *logrus.Entry
+
+	// Re-attachment after a rollback (reattach.go); mu guards these and guestIn.
+	mu        sync.Mutex
+	held      bool             // a rollback is in progress: ended guest streams keep their host ends
+	heldEnded []io.WriteCloser // host ends whose guest stream ended while held
+	outGen    uint64           // counts the sets of guest output streams
+	guestOut  []io.Closer      // the current guest output streams
+	inGen     uint64           // counts the guest stdin streams
+	inSwap    chan struct{}    // closed when guestIn is replaced or the hold released
 }
 
 // HalfCloser is a guest stream whose write side can be closed alone (EOF for
@@ -239,20 +248,7 @@ func (i *IO) Attach(guestStdin HalfCloser, guestStdout, guestStderr io.ReadClose
 			}
 			return
 		}
-		i.outWG.Add(1)
-		go func() {
-			defer i.outWG.Done()
-			if dst == nil {
-				dst = nopWriteCloser{io.Discard}
-			}
-			n, err := io.Copy(dst, src)
-			if err != nil && !i.closed.Load() {
-				i.log.WithError(err).Warnf("copy %s", name)
-			}
-			i.log.Debugf("%s: guest stream ended after %d bytes", name, n)
-			src.Close()
-			dst.Close()
-		}()
+		i.pump(name, dst, src)
 	}
 	pump("stdout", i.stdout, guestStdout)
 	if !i.cfg.Terminal {
@@ -260,17 +256,15 @@ func (i *IO) Attach(guestStdin HalfCloser, guestStdout, guestStderr io.ReadClose
 	} else if i.stderr != nil {
 		i.stderr.Close()
 	}
-	if guestStdin != nil && i.stdin != nil {
+	i.mu.Lock()
+	i.inSwap = make(chan struct{})
+	if guestStdin != nil {
 		i.guestIn = guestStdin
+	}
+	i.mu.Unlock()
+	if guestStdin != nil && i.stdin != nil {
 		i.inDone = make(chan struct{})
-		go func() {
-			defer close(i.inDone)
-			if _, err := io.Copy(guestStdin, i.stdin); err != nil && !i.closed.Load() {
-				i.log.WithError(err).Debug("copy stdin")
-			}
-			// EOF from the client is EOF for the guest process.
-			_ = guestStdin.CloseWrite()
-		}()
+		go i.copyStdin()
 	} else if guestStdin != nil {
 		_ = guestStdin.CloseWrite()
 	}
@@ -311,7 +305,10 @@ func (i *IO) waitGuestStdinClosed() {
 		defer close(done)
 		// The guest never writes on a stdin stream: this returns at its close
 		// (EOF) or when Close closes the stream.
-		_, _ = io.Copy(io.Discard, i.guestIn)
+		i.mu.Lock()
+		g := i.guestIn
+		i.mu.Unlock()
+		_, _ = io.Copy(io.Discard, g)
 	}()
 	select {
 	case <-done:
@@ -338,7 +335,10 @@ func (i *IO) Close() error {
 		return nil
 	}
 	var errs []error
-	for _, c := range []io.Closer{i.stdin, i.stdout, i.stderr, i.guestIn} {
+	i.mu.Lock()
+	guestIn := i.guestIn
+	i.mu.Unlock()
+	for _, c := range []io.Closer{i.stdin, i.stdout, i.stderr, guestIn} {
 		if c != nil {
 			if err := c.Close(); err != nil && !errors.Is(err, os.ErrClosed) {
 				errs = append(errs, err)

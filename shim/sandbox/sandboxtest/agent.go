@@ -40,6 +40,9 @@ type Agent struct {
 	files   map[string]fakeFile
 	specs   map[string][]byte // container id -> spec given to CreateContainer
 	frozen  bool
+	// resetCh is closed (and replaced) by Restore: the transport reset
+	// that ends the Waits pending on the connections of before.
+	resetCh chan struct{}
 }
 
 type fakeFile struct {
@@ -62,11 +65,14 @@ type proc struct {
 	sig      chan uint32
 	exited   chan struct{}
 	exit     sandbox.ExitStatus
+	// gone is closed when a rollback drops or replaces the process: its
+	// script ends without an exit.
+	gone chan struct{}
 }
 
 // NewAgent returns an empty fake agent.
 func NewAgent() *Agent {
-	return &Agent{containers: map[string]*container{}, mounts: map[string]string{}, nextPid: 100, dead: make(chan struct{})}
+	return &Agent{containers: map[string]*container{}, mounts: map[string]string{}, nextPid: 100, dead: make(chan struct{}), resetCh: make(chan struct{})}
 }
 
 func (a *Agent) setDisks(f func(string) (string, bool)) {
@@ -179,7 +185,7 @@ func (a *Agent) UnmountDisk(ctx context.Context, mp string) error {
 func (a *Agent) newProc(args []string, terminal bool, want sandbox.StdioFlags) *proc {
 	a.nextPid++
 	return &proc{args: args, terminal: terminal, pid: a.nextPid, want: want, guest: map[sandbox.Stream]*os.File{},
-		state: "created", sig: make(chan uint32, 8), exited: make(chan struct{})}
+		state: "created", sig: make(chan uint32, 8), exited: make(chan struct{}), gone: make(chan struct{})}
 }
 
 func (a *Agent) CreateContainer(ctx context.Context, req sandbox.CreateContainerRequest) (uint32, error) {
@@ -251,7 +257,20 @@ func (a *Agent) lookup(cid, eid string) (*proc, error) {
 }
 
 func (a *Agent) OpenStream(ctx context.Context, cid, eid string, s sandbox.Stream) (net.Conn, error) {
-	if err := a.enter("OpenStream"); err != nil {
+	return a.openStream(cid, eid, s, false)
+}
+
+// ReattachStream is OpenStream replacing the stream's connection.
+func (a *Agent) ReattachStream(ctx context.Context, cid, eid string, s sandbox.Stream) (net.Conn, error) {
+	return a.openStream(cid, eid, s, true)
+}
+
+func (a *Agent) openStream(cid, eid string, s sandbox.Stream, reattach bool) (net.Conn, error) {
+	name := "OpenStream"
+	if reattach {
+		name = "ReattachStream"
+	}
+	if err := a.enter(name); err != nil {
 		return nil, err
 	}
 	p, err := a.lookup(cid, eid)
@@ -264,8 +283,10 @@ func (a *Agent) OpenStream(ctx context.Context, cid, eid string, s sandbox.Strea
 	if !want {
 		return nil, fmt.Errorf("process %s/%s has no %s", cid, eid, s)
 	}
-	if p.guest[s] != nil {
+	if old := p.guest[s]; old != nil && !reattach {
 		return nil, fmt.Errorf("process %s/%s: %s already attached", cid, eid, s)
+	} else if old != nil {
+		old.Close()
 	}
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -338,6 +359,8 @@ func (a *Agent) run(p *proc) {
 				status, signal = 128+s, s
 			case <-a.dead:
 				return
+			case <-p.gone:
+				return
 			}
 		}
 	case "sleep":
@@ -345,6 +368,8 @@ func (a *Agent) run(p *proc) {
 		case s := <-p.sig:
 			status, signal = 128+s, s
 		case <-a.dead:
+			return
+		case <-p.gone:
 			return
 		}
 	default:
@@ -426,6 +451,9 @@ func (a *Agent) Wait(ctx context.Context, cid, eid string) (sandbox.ExitStatus, 
 	if err != nil {
 		return sandbox.ExitStatus{}, err
 	}
+	a.mu.Lock()
+	reset := a.resetCh
+	a.mu.Unlock()
 	select {
 	case <-p.exited:
 		a.mu.Lock()
@@ -433,6 +461,8 @@ func (a *Agent) Wait(ctx context.Context, cid, eid string) (sandbox.ExitStatus, 
 		return p.exit, nil
 	case <-a.dead:
 		return sandbox.ExitStatus{}, errDead
+	case <-reset:
+		return sandbox.ExitStatus{}, errReset
 	case <-ctx.Done():
 		return sandbox.ExitStatus{}, ctx.Err()
 	}

@@ -35,6 +35,15 @@ type VMM struct {
 	Incremental  []bool
 	SnapshotErr  error
 	SnapshotFunc func(ctx context.Context, dir string, incremental bool) (control.SnapshotResult, error)
+	// Rollbacks lists the dirs Rollback rolled back to; RollbackErr makes
+	// it fail (the VM unchanged); RollbackFunc, when set, runs first (a test
+	// blocks in it to hold the VM busy).
+	Rollbacks    []string
+	RollbackErr  error
+	RollbackFunc func(ctx context.Context, dir string) error
+	// saved is the fake agent's state at each snapshot, by dir.
+	saved map[string]*AgentState
+	last  string
 }
 
 // NewVMM returns a fake VMM whose agent is a.
@@ -151,6 +160,49 @@ func (v *VMM) Snapshot(ctx context.Context, dir string, incremental bool) (contr
 	defer v.mu.Unlock()
 	v.Snapshots = append(v.Snapshots, dir)
 	v.Incremental = append(v.Incremental, incremental)
+	if v.Agent != nil {
+		if v.saved == nil {
+			v.saved = map[string]*AgentState{}
+		}
+		v.saved[dir] = v.Agent.Save()
+	}
+	v.last = dir
+	return res, nil
+}
+
+// Rollback brings the fake agent's processes back to what they were at the
+// snapshot in dir (one this VMM took) and resets its connections, as the
+// real VMM's transport reset does: pending Waits fail, streams end.
+// "rewrite-dirty" when dir is the VM's parent, "remap" otherwise.
+func (v *VMM) Rollback(ctx context.Context, dir string) (control.RollbackResult, error) {
+	if err := v.alive(); err != nil {
+		return control.RollbackResult{}, err
+	}
+	v.mu.Lock()
+	fail, hook, st, last := v.RollbackErr, v.RollbackFunc, v.saved[dir], v.last
+	v.mu.Unlock()
+	if hook != nil {
+		if err := hook(ctx, dir); err != nil {
+			return control.RollbackResult{}, err
+		}
+	}
+	if fail != nil {
+		return control.RollbackResult{}, fail
+	}
+	if st == nil {
+		return control.RollbackResult{}, &control.RefusedError{Op: control.OpRollback, Reason: "no snapshot of this VM in " + dir}
+	}
+	res := control.RollbackResult{Dir: dir, Memory: "remap", PrepareMS: 1, FrozenMS: 2, TotalMS: 3}
+	if dir == last {
+		res.Memory, res.Pages = "rewrite-dirty", 42
+	}
+	if v.Agent != nil {
+		v.Agent.Restore(st)
+	}
+	v.mu.Lock()
+	v.Rollbacks = append(v.Rollbacks, dir)
+	v.last = dir
+	v.mu.Unlock()
 	return res, nil
 }
 

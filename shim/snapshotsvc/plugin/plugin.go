@@ -6,6 +6,7 @@
 package plugin
 
 import (
+	"context"
 	"fmt"
 	"sync"
 
@@ -82,4 +83,43 @@ func (l *lateTask) resolve() (snapshotsvc.Sandboxes, error) {
 	}
 	l.task = sbs
 	return sbs, nil
+}
+
+// RollbackSandbox implements snapshotsvc.Processes.
+func (l *lateTask) RollbackSandbox(ctx context.Context, containerID, dir, what string) (sandbox.RollbackStats, error) {
+	p, err := l.processes()
+	if err != nil {
+		return sandbox.RollbackStats{}, err
+	}
+	return p.RollbackSandbox(ctx, containerID, dir, what)
+}
+
+// GuestProcesses implements snapshotsvc.Processes.
+func (l *lateTask) GuestProcesses(ctx context.Context, containerID string) ([]sandbox.GuestProcess, error) {
+	p, err := l.processes()
+	if err != nil {
+		return nil, err
+	}
+	return p.GuestProcesses(ctx, containerID)
+}
+
+// SignalGuest implements snapshotsvc.Processes.
+func (l *lateTask) SignalGuest(ctx context.Context, containerID, execID string, sig uint32, all bool) error {
+	p, err := l.processes()
+	if err != nil {
+		return err
+	}
+	return p.SignalGuest(ctx, containerID, execID, sig, all)
+}
+
+func (l *lateTask) processes() (snapshotsvc.Processes, error) {
+	t, err := l.resolve()
+	if err != nil {
+		return nil, err
+	}
+	p, ok := t.(snapshotsvc.Processes)
+	if !ok {
+		return nil, fmt.Errorf("the shim's task service %T cannot reconcile processes: %w", t, errdefs.ErrNotImplemented)
+	}
+	return p, nil
 }
