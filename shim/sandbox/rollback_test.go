@@ -59,8 +59,8 @@ func TestRollbackVMMFailure(t *testing.T) {
 	calls := len(agent.CallLog())
 	var order []string
 	_, err := sb.Rollback(ctx, sandbox.RollbackOptions{Dir: "/snaps/x",
-		Prepare:   func() { order = append(order, "prepare") },
-		Abort:     func() { order = append(order, "abort") },
+		Prepare: func() { order = append(order, "prepare") },
+		Abort:   func() { order = append(order, "abort") },
 		Reconcile: func(context.Context, sandbox.AgentClient) ([]sandbox.ProcessChange, error) {
 			order = append(order, "reconcile")
 			return nil, nil
