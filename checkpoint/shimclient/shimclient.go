@@ -203,6 +203,24 @@ func (c *Client) Inspect(ctx context.Context, req *api.InspectRequest) (*api.Ins
 	return r, errgrpc.ToNative(err)
 }
 
+// Rollback calls the service's Rollback.
+func (c *Client) Rollback(ctx context.Context, req *api.RollbackRequest) (*api.RollbackResponse, error) {
+	r, err := c.s.Rollback(ctx, req)
+	return r, errgrpc.ToNative(err)
+}
+
+// ListProcesses calls the service's ListProcesses.
+func (c *Client) ListProcesses(ctx context.Context, req *api.ListProcessesRequest) (*api.ListProcessesResponse, error) {
+	r, err := c.s.ListProcesses(ctx, req)
+	return r, errgrpc.ToNative(err)
+}
+
+// Signal calls the service's Signal.
+func (c *Client) Signal(ctx context.Context, req *api.SignalRequest) (*api.SignalResponse, error) {
+	r, err := c.s.Signal(ctx, req)
+	return r, errgrpc.ToNative(err)
+}
+
 // Close closes the connection.
 func (c *Client) Close() error { return c.c.Close() }
 

@@ -212,8 +212,11 @@ type ListResponse struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
 	Snapshots []*Snapshot            `protobuf:"bytes,2,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
-	// busy names the snapshot in progress ("" when none).
-	Busy          string `protobuf:"bytes,3,opt,name=busy,proto3" json:"busy,omitempty"`
+	// busy names the snapshot or rollback in progress ("" when none).
+	Busy string `protobuf:"bytes,3,opt,name=busy,proto3" json:"busy,omitempty"`
+	// vmm_pid is the host pid of the sandbox's VMM (a caller that records
+	// who maps a snapshot's files, the store's references, gives it).
+	VmmPid        uint32 `protobuf:"varint,4,opt,name=vmm_pid,json=vmmPid,proto3" json:"vmm_pid,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -267,6 +270,13 @@ func (x *ListResponse) GetBusy() string {
 		return x.Busy
 	}
 	return ""
+}
+
+func (x *ListResponse) GetVmmPid() uint32 {
+	if x != nil {
+		return x.VmmPid
+	}
+	return 0
 }
 
 type InspectRequest struct {
@@ -1329,12 +1339,13 @@ const file_snapshot_proto_rawDesc = "" +
 	"\x10SnapshotResponse\x126\n" +
 	"\bsnapshot\x18\x01 \x01(\v2\x1a.cube.snapshot.v1.SnapshotR\bsnapshot\"0\n" +
 	"\vListRequest\x12!\n" +
-	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\"{\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\"\x94\x01\n" +
 	"\fListResponse\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x128\n" +
 	"\tsnapshots\x18\x02 \x03(\v2\x1a.cube.snapshot.v1.SnapshotR\tsnapshots\x12\x12\n" +
-	"\x04busy\x18\x03 \x01(\tR\x04busy\"E\n" +
+	"\x04busy\x18\x03 \x01(\tR\x04busy\x12\x17\n" +
+	"\avmm_pid\x18\x04 \x01(\rR\x06vmmPid\"E\n" +
 	"\x0eInspectRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x10\n" +
 	"\x03ref\x18\x02 \x01(\tR\x03ref\"I\n" +

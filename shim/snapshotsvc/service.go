@@ -1,7 +1,8 @@
 // Package snapshotsvc is the shim's own snapshot service, cube.snapshot.v1
 // (shim/snapshotapi), served on the shim's ttrpc socket beside the task API
 // (snapshotsvc/plugin registers it). It snapshots the sandbox's whole VM
-// into a directory the caller names, one snapshot at a time per sandbox, and
+// into a directory the caller names, rolls it back in place (rollback.go),
+// one snapshot or rollback at a time per sandbox, and
 // remembers what its VM wrote for List and Inspect.
 //
 // The caller owns the snapshot store: it reserves the directory (store Begin),
@@ -118,7 +119,7 @@ func (s *Service) List(ctx context.Context, req *api.ListRequest) (*api.ListResp
 	if err != nil {
 		return nil, errOut(err)
 	}
-	resp := &api.ListResponse{SandboxId: sb.ID(), Busy: sb.Busy()}
+	resp := &api.ListResponse{SandboxId: sb.ID(), Busy: sb.Busy(), VmmPid: uint32(sb.Pid())}
 	for _, r := range s.recordsOf(sb) {
 		resp.Snapshots = append(resp.Snapshots, withBase(r, sb))
 	}
