@@ -44,6 +44,7 @@ const DefaultNamespace = "default"
 // Shim is a connection to a shim's snapshot service.
 type Shim interface {
 	snapshots.Shim
+	Rollback(ctx context.Context, req *api.RollbackRequest) (*api.RollbackResponse, error)
 	Inspect(ctx context.Context, req *api.InspectRequest) (*api.InspectResponse, error)
 	Close() error
 }
@@ -119,6 +120,8 @@ manages them.
 Commands:
   snapshot CONTAINER [--name N] [--incremental]
                            snapshot the VM that runs CONTAINER
+  rollback CONTAINER SNAPSHOT
+                           roll the VM that runs CONTAINER back to SNAPSHOT, in place
   snapshots ls [--sandbox S]
                            list the snapshots in the store
   snapshots inspect ID|NAME
@@ -151,10 +154,12 @@ func Run(ctx context.Context, args []string, env Env) int {
 		return r.snapshot(ctx, rest)
 	case "snapshots":
 		return r.snapshots(ctx, rest)
+	case "rollback":
+		return r.rollback(ctx, rest)
 	case "help":
 		return r.help(rest)
 	}
-	return r.usageError("cube", fmt.Sprintf("unknown command %q (commands: snapshot, snapshots, help)", cmd))
+	return r.usageError("cube", fmt.Sprintf("unknown command %q (commands: snapshot, rollback, snapshots, help)", cmd))
 }
 
 // runner runs one cube command.
@@ -220,6 +225,8 @@ func (r *runner) help(args []string) int {
 		fmt.Fprint(r.env.Stdout, snapshotHelp)
 	case "snapshots":
 		fmt.Fprint(r.env.Stdout, snapshotsHelp)
+	case "rollback":
+		fmt.Fprint(r.env.Stdout, rollbackHelp)
 	case "snapshots ls":
 		fmt.Fprint(r.env.Stdout, lsHelp)
 	case "snapshots inspect":

@@ -41,6 +41,8 @@ type VMM struct {
 	Rollbacks    []string
 	RollbackErr  error
 	RollbackFunc func(ctx context.Context, dir string) error
+	// PID is what Pid reports once started (0: 424242, no such process).
+	PID int
 	// saved is the fake agent's state at each snapshot, by dir.
 	saved map[string]*AgentState
 	last  string
@@ -88,6 +90,9 @@ func (v *VMM) Pid() int {
 	defer v.mu.Unlock()
 	if !v.started {
 		return 0
+	}
+	if v.PID != 0 {
+		return v.PID
 	}
 	return 424242
 }
