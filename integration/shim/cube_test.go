@@ -90,10 +90,17 @@ func (d *daemons) counterAbove(t *testing.T, id string, n int) int {
 // running io.cube.v1 container, and the cube CLI: `cube snapshot --name s1`,
 // then `--name s2 --incremental`, both in the store with their lineage and the
 // shim's figures, the container running on (same VMM pid, its counter
-// advancing), `cube snapshots ls/inspect/rm` (a parent's deletion refused).
+// advancing), `cube snapshots ls/inspect/rm` (a parent's deletion refused),
+// and a rollback in place (rollbackRound: a worker exec killed after the
+// snapshot answers again with its old state and pid, an exec started after it
+// ends with 137, the sandbox holds the snapshot until it ends).
 func TestCubeSnapshots(t *testing.T) {
 	d := startDaemons(t)
 	const id = "cube-snap"
+	// Registered before the container: runs after its removal, when the
+	// sandbox no longer holds the snapshot it rolled back to.
+	var held []string
+	t.Cleanup(func() { d.emptyStore(t, held) })
 	tk := d.runDetached(t, cubeRuntime, id, "sh", "-c", counterScript)
 	n := d.counterAbove(t, id, 0)
 
@@ -155,9 +162,23 @@ func TestCubeSnapshots(t *testing.T) {
 		}
 	}
 
-	// Nothing is left in the store beyond s1; then s1 goes too.
+	// Rollback in place, with a worker exec beside the long-lived init.
+	held = append(held, d.rollbackRound(t, id, tk.pid))
+
+	// s1 goes now; the snapshot the sandbox rolled back to goes once the
+	// container is removed (emptyStore, at the end).
 	if out, rc := d.cube(t, "snapshots", "rm", "s1"); rc != 0 {
 		t.Errorf("rm s1: rc %d\n%s", rc, out)
+	}
+}
+
+// emptyStore deletes the snapshots in refs (the container that held them is
+// gone by now) and checks that nothing is left in the store.
+func (d *daemons) emptyStore(t *testing.T, refs []string) {
+	for _, ref := range refs {
+		if out, rc := d.cube(t, "snapshots", "rm", ref); rc != 0 {
+			t.Errorf("rm %s after its sandbox ended: rc %d\n%s", ref, rc, out)
+		}
 	}
 	for _, sub := range []string{"snapshots", "pending", "names"} {
 		if ents, err := os.ReadDir(filepath.Join(d.storeRoot(), sub)); err != nil || len(ents) != 0 {

@@ -49,6 +49,8 @@ func TestMain(m *testing.M) {
 		shimBin:        "github.com/cube-runtime/cube/cmd/containerd-shim-cube-v1",
 		snapshotterBin: "github.com/cube-runtime/cube/cmd/cube-snapshotter",
 		cubeBin:        "github.com/cube-runtime/cube/cmd/cube",
+		// TestCubeSnapshots' rollback worker (static: it runs in the busybox image).
+		workerBin: "github.com/cube-runtime/cube/integration/snapshot/worker",
 	})
 	if err == nil {
 		err = writeImageTar(env)
