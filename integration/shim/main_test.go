@@ -49,6 +49,7 @@ func TestMain(m *testing.M) {
 		shimBin:        "github.com/cube-runtime/cube/cmd/containerd-shim-cube-v1",
 		snapshotterBin: "github.com/cube-runtime/cube/cmd/cube-snapshotter",
 		cubeBin:        "github.com/cube-runtime/cube/cmd/cube",
+		apiBin:         "github.com/cube-runtime/cube/cmd/cube-api",
 	})
 	if err == nil {
 		err = writeImageTar(env)
