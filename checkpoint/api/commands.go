@@ -179,6 +179,8 @@ func (s *Server) runCommand(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &req, false); err != nil {
 		return err
 	}
+	// The stream may last: no read deadline (the client's leaving is seen by the server's background read).
+	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
 	if req.Cmd == "" {
 		return invalid("field \"cmd\" is required")
 	}

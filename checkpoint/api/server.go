@@ -33,6 +33,9 @@ type Server struct {
 	stopOnce sync.Once
 }
 
+// BodyTimeout bounds reading a request's body.
+const BodyTimeout = time.Minute
+
 // Options are New's optional parts.
 type Options struct {
 	Log *logrus.Logger
@@ -169,6 +172,9 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	return w.ResponseWriter.Write(b)
 }
 
+// Unwrap lets http.ResponseController reach the connection.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
 func (w *statusWriter) Flush() {
 	if f, ok := w.ResponseWriter.(http.Flusher); ok {
 		f.Flush()
@@ -192,6 +198,9 @@ func (s *Server) wrap(rt route) http.Handler {
 		r = r.WithContext(ctx)
 		r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
 		sw := &statusWriter{ResponseWriter: w}
+		// The body must arrive within BodyTimeout (a stream route clears the
+		// deadline once it has read its body).
+		_ = http.NewResponseController(sw).SetReadDeadline(start.Add(BodyTimeout))
 		if err := s.authorize(r, rt); err != nil {
 			s.writeError(sw, r, err)
 		} else if err := rt.h(sw, r); err != nil {
