@@ -75,9 +75,10 @@ func New(cfg Config, keys []string, be Backend, st Snapshots, o Options) (*Serve
 	for _, rt := range s.routes {
 		s.mux.Handle(rt.Method+" "+rt.Path, s.wrap(rt))
 	}
-	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		s.writeError(w, r, fmt.Errorf("no route %s %s (GET /openapi.json lists them): %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
-	})
+	// Anything else: 404, with a request id, logged and counted (route "* /").
+	s.mux.Handle("/", s.wrap(route{Method: "*", Path: "/", Public: true, h: func(w http.ResponseWriter, r *http.Request) error {
+		return fmt.Errorf("no route %s %s (GET /openapi.json lists them): %w", r.Method, r.URL.Path, errdefs.ErrNotFound)
+	}}))
 	return s, nil
 }
 

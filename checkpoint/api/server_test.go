@@ -73,6 +73,9 @@ func TestRequestIDAndUnknownRoute(t *testing.T) {
 	}
 	e.wantError("GET", "/nope", nil, 404, "no route GET /nope")
 	e.wantError("PUT", "/sandboxes", nil, 404, "no route PUT /sandboxes")
+	if resp, _ := e.do("GET", "/nope", nil); resp.Header.Get("X-Request-Id") == "" {
+		t.Error("no request id on an unknown route")
+	}
 }
 
 func TestMetrics(t *testing.T) {
