@@ -5,8 +5,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -303,7 +305,13 @@ func (c *Containerd) Exec(ctx context.Context, id string, es ExecSpec, eio ExecI
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
 	execID := "cmd-" + hex.EncodeToString(b)
-	proc, err := t.Exec(ctx, execID, &p, cio.NewCreator(cio.WithStreams(eio.Stdin, eio.Stdout, eio.Stderr)))
+	var stdin io.Reader
+	var stdinDone chan struct{}
+	if eio.Stdin != nil {
+		stdinDone = make(chan struct{})
+		stdin = &eofReader{r: eio.Stdin, done: stdinDone}
+	}
+	proc, err := t.Exec(ctx, execID, &p, cio.NewCreator(cio.WithStreams(stdin, eio.Stdout, eio.Stderr)))
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: exec %s: %w", id, es.Cmd, err)
 	}
@@ -315,7 +323,23 @@ func (c *Containerd) Exec(ctx context.Context, id string, es ExecSpec, eio ExecI
 		_, _ = proc.Delete(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("sandbox %s: start %s: %w", id, es.Cmd, err)
 	}
-	return &execProcess{p: proc, exitC: exitC, ns: c.Namespace}, nil
+	return &execProcess{p: proc, exitC: exitC, ns: c.Namespace, stdinDone: stdinDone}, nil
+}
+
+// eofReader closes done once r reached its end: cio's copy into the fifo
+// has then written everything before it.
+type eofReader struct {
+	r    io.Reader
+	done chan struct{}
+	once sync.Once
+}
+
+func (e *eofReader) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err != nil {
+		e.once.Do(func() { close(e.done) })
+	}
+	return n, err
 }
 
 // execProcess is a containerd exec as a Process.
@@ -323,6 +347,8 @@ type execProcess struct {
 	p     containerd.Process
 	exitC <-chan containerd.ExitStatus
 	ns    string
+	// stdinDone is closed when the input was copied to the end (nil: no stdin).
+	stdinDone chan struct{}
 }
 
 func (e *execProcess) Pid() uint32 { return e.p.Pid() }
@@ -357,6 +383,16 @@ func (e *execProcess) Kill(ctx context.Context, sig syscall.Signal) error {
 	return e.p.Kill(namespaces.WithNamespace(ctx, e.ns), sig)
 }
 
+// CloseStdin closes the process's stdin once what was written before has
+// reached the fifo (the caller closed the input's writer first).
 func (e *execProcess) CloseStdin(ctx context.Context) error {
+	if e.stdinDone != nil {
+		select {
+		case <-e.stdinDone:
+		case <-time.After(5 * time.Second):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	return e.p.CloseIO(namespaces.WithNamespace(ctx, e.ns), containerd.WithStdinCloser)
 }
