@@ -31,7 +31,7 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger, ready chan<- strin
 	}
 	conn, err := shimclient.Connect(ctx, cfg.ContainerdAddress, cfg.Namespace)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w (for cube-api: containerd_address in its config)", err)
 	}
 	defer conn.Close()
 	st, err := store.Open(ctx, cfg.StoreRoot, store.Options{})
