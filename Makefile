@@ -264,3 +264,18 @@ cube:
 fuzz-cli:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseBootstrap$$' -fuzztime $(FUZZTIME) ./checkpoint/shimclient
 # <<< cube CLI
+
+# >>> cube-api and SDKs (issue 15) — the HTTP facade, checkpoint/api; SDKs in contrib/sdk/.
+.PHONY: cube-api e2e-api test-sdk
+cube-api:
+	@mkdir -p $(BIN)
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/cube-api ./cmd/cube-api
+
+# In the test host: cube-api against containerd, the shim and cube-vmm, driven through the Go SDK.
+e2e-api: deps
+	$(GO) test -count=1 -timeout 60m -v -run TestCubeAPI ./integration/shim
+
+# The facade's unit tests and both SDKs' (the Python suite runs through contrib/sdk/python's Go test).
+test-sdk:
+	$(GO) test -count=1 ./checkpoint/api ./contrib/sdk/...
+# <<< cube-api

@@ -51,6 +51,7 @@ func TestMain(m *testing.M) {
 		cubeBin:        "github.com/cube-runtime/cube/cmd/cube",
 		// TestCubeSnapshots' rollback worker (static: it runs in the busybox image).
 		workerBin: "github.com/cube-runtime/cube/integration/snapshot/worker",
+		apiBin:    "github.com/cube-runtime/cube/cmd/cube-api",
 	})
 	if err == nil {
 		err = writeImageTar(env)

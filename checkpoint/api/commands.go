@@ -1,0 +1,329 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/errdefs"
+)
+
+// CommandRequest is POST /sandboxes/{id}/commands's body.
+type CommandRequest struct {
+	Cmd  string            `json:"cmd"`
+	Args []string          `json:"args"`
+	Envs map[string]string `json:"envs"`
+	Cwd  string            `json:"cwd"`
+	User string            `json:"user"`
+	// Stdin keeps the process's stdin open for …/stdin; without it stdin is empty.
+	Stdin bool `json:"stdin"`
+}
+
+// CommandInfo is a running command.
+type CommandInfo struct {
+	Pid       uint32    `json:"pid"`
+	Cmd       string    `json:"cmd"`
+	Args      []string  `json:"args"`
+	Cwd       string    `json:"cwd,omitempty"`
+	User      string    `json:"user,omitempty"`
+	StartedAt time.Time `json:"startedAt"`
+}
+
+// Event is one line of a command's NDJSON output stream: "start" (pid),
+// "stdout"/"stderr" (data, as it comes), then "exit" (exitCode) or "error".
+type Event struct {
+	Type     string `json:"type"`
+	Pid      uint32 `json:"pid,omitempty"`
+	Data     string `json:"data,omitempty"`
+	ExitCode *int   `json:"exitCode,omitempty"`
+	Error    string `json:"error,omitempty"`
+}
+
+// StdinRequest is …/stdin's body.
+type StdinRequest struct {
+	Data string `json:"data"`
+	EOF  bool   `json:"eof"`
+}
+
+// KillRequest is …/kill's body (optional; SIGKILL by default).
+type KillRequest struct {
+	Signal string `json:"signal"`
+}
+
+// command is a started process and who listens to its output.
+type command struct {
+	info  CommandInfo
+	proc  Process
+	stdin *io.PipeWriter // nil without stdin
+
+	mu      sync.Mutex
+	sub     chan Event    // nil once nobody listens
+	subGone chan struct{} // closed when the listener leaves
+}
+
+// emit hands ev to the listener (dropped when nobody listens).
+func (c *command) emit(ev Event) {
+	c.mu.Lock()
+	sub, gone := c.sub, c.subGone
+	c.mu.Unlock()
+	if sub == nil {
+		return
+	}
+	select {
+	case sub <- ev:
+	case <-gone:
+	}
+}
+
+// detach stops the listener's stream; the process runs on.
+func (c *command) detach() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sub != nil {
+		close(c.subGone)
+		c.sub = nil
+	}
+}
+
+// streamWriter turns a process's output into events.
+type streamWriter struct {
+	c   *command
+	typ string
+}
+
+func (w streamWriter) Write(p []byte) (int, error) {
+	w.c.emit(Event{Type: w.typ, Data: string(p)})
+	return len(p), nil
+}
+
+// commands are the running commands of every sandbox, by sandbox and pid.
+type commands struct {
+	mu sync.Mutex
+	m  map[string]map[uint32]*command
+}
+
+func newCommands() *commands { return &commands{m: map[string]map[uint32]*command{}} }
+
+func (cs *commands) add(sandbox string, c *command) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.m[sandbox] == nil {
+		cs.m[sandbox] = map[uint32]*command{}
+	}
+	cs.m[sandbox][c.info.Pid] = c
+}
+
+func (cs *commands) remove(sandbox string, c *command) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.m[sandbox][c.info.Pid] == c {
+		delete(cs.m[sandbox], c.info.Pid)
+	}
+}
+
+func (cs *commands) forget(sandbox string) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	delete(cs.m, sandbox)
+}
+
+func (cs *commands) get(sandbox, pid string) (*command, error) {
+	n, err := strconv.ParseUint(pid, 10, 32)
+	if err != nil {
+		return nil, invalid("path parameter \"pid\": %q is not a process id", pid)
+	}
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	c := cs.m[sandbox][uint32(n)]
+	if c == nil {
+		return nil, fmt.Errorf("no running command with pid %d in sandbox %s: %w", n, sandbox, errdefs.ErrNotFound)
+	}
+	return c, nil
+}
+
+func (cs *commands) list(sandbox string) []CommandInfo {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	out := []CommandInfo{}
+	for _, c := range cs.m[sandbox] {
+		out = append(out, c.info)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Pid < out[j].Pid })
+	return out
+}
+
+// runningSandbox returns sandbox id, refusing one that is not running.
+func (s *Server) runningSandbox(r *http.Request, id string) error {
+	c, err := s.be.Get(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	if st := stateOf(c.Status); st != "running" {
+		return fmt.Errorf("sandbox %s is %s: commands run in a running sandbox (POST /sandboxes/%s/connect resumes it): %w", id, st, id, errdefs.ErrConflict)
+	}
+	return nil
+}
+
+// runCommand starts a command and streams its output as NDJSON events until
+// it exits or the client leaves (the process runs on: a background command).
+func (s *Server) runCommand(w http.ResponseWriter, r *http.Request) error {
+	var req CommandRequest
+	if err := decode(r, &req, false); err != nil {
+		return err
+	}
+	// The stream may last: no read deadline (the client's leaving is seen by the server's background read).
+	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
+	if req.Cmd == "" {
+		return invalid("field \"cmd\" is required")
+	}
+	var env []string
+	for k, v := range req.Envs {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return invalid("field \"envs\": name %q is empty or holds '=' or NUL", k)
+		}
+		env = append(env, k+"="+v)
+	}
+	id := r.PathValue("sandboxID")
+	if err := s.runningSandbox(r, id); err != nil {
+		return err
+	}
+	c := &command{sub: make(chan Event), subGone: make(chan struct{})}
+	eio := ExecIO{Stdout: streamWriter{c, "stdout"}, Stderr: streamWriter{c, "stderr"}}
+	if req.Stdin {
+		pr, pw := io.Pipe()
+		eio.Stdin, c.stdin = pr, pw
+	}
+	// The process outlives the request: its context is not the request's.
+	p, err := s.be.Exec(context.WithoutCancel(r.Context()), id, ExecSpec{Cmd: req.Cmd, Args: req.Args, Env: env, Cwd: req.Cwd, User: req.User}, eio)
+	if err != nil {
+		return err
+	}
+	c.proc = p
+	c.info = CommandInfo{Pid: p.Pid(), Cmd: req.Cmd, Args: req.Args, Cwd: req.Cwd, User: req.User, StartedAt: s.now().UTC()}
+	if c.info.Args == nil {
+		c.info.Args = []string{}
+	}
+	s.cmds.add(id, c)
+	log := logOf(r).WithFields(map[string]any{"sandbox": id, "pid": c.info.Pid})
+	go func() {
+		code, err := p.Wait(context.Background())
+		s.cmds.remove(id, c)
+		if c.stdin != nil {
+			c.stdin.Close()
+		}
+		if err != nil {
+			log.WithError(err).Warn("command: wait")
+			c.emit(Event{Type: "error", Error: err.Error()})
+			return
+		}
+		log.WithField("exit_code", code).Info("command exited")
+		c.emit(Event{Type: "exit", ExitCode: &code})
+	}()
+	return s.stream(w, r, c)
+}
+
+// stream writes c's events until its end, the client leaving or shutdown.
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, c *command) error {
+	defer c.detach()
+	c.mu.Lock()
+	sub := c.sub
+	c.mu.Unlock()
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	enc := json.NewEncoder(w)
+	flush := func() {
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush()
+		}
+	}
+	_ = enc.Encode(Event{Type: "start", Pid: c.info.Pid})
+	flush()
+	for {
+		select {
+		case ev := <-sub:
+			if err := enc.Encode(ev); err != nil {
+				return nil // the client left
+			}
+			flush()
+			if ev.Type == "exit" || ev.Type == "error" {
+				return nil
+			}
+		case <-r.Context().Done():
+			return nil
+		case <-s.stop:
+			return nil
+		}
+	}
+}
+
+func (s *Server) listCommands(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("sandboxID")
+	if _, err := s.be.Get(r.Context(), id); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, s.cmds.list(id))
+	return nil
+}
+
+func (s *Server) commandStdin(w http.ResponseWriter, r *http.Request) error {
+	var req StdinRequest
+	if err := decode(r, &req, false); err != nil {
+		return err
+	}
+	id := r.PathValue("sandboxID")
+	c, err := s.cmds.get(id, r.PathValue("pid"))
+	if err != nil {
+		return err
+	}
+	if c.stdin == nil {
+		return fmt.Errorf("command %d was started without \"stdin\": true: %w", c.info.Pid, errdefs.ErrFailedPrecondition)
+	}
+	if req.Data != "" {
+		if _, err := io.WriteString(c.stdin, req.Data); err != nil {
+			return fmt.Errorf("command %d's stdin: %v: %w", c.info.Pid, err, errdefs.ErrFailedPrecondition)
+		}
+	}
+	if req.EOF {
+		c.stdin.Close()
+		if err := c.proc.CloseStdin(r.Context()); err != nil {
+			return err
+		}
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// signals are the names …/kill takes.
+var signals = map[string]syscall.Signal{
+	"SIGKILL": syscall.SIGKILL, "SIGTERM": syscall.SIGTERM, "SIGINT": syscall.SIGINT, "SIGHUP": syscall.SIGHUP,
+	"SIGQUIT": syscall.SIGQUIT, "SIGUSR1": syscall.SIGUSR1, "SIGUSR2": syscall.SIGUSR2, "SIGSTOP": syscall.SIGSTOP,
+	"SIGCONT": syscall.SIGCONT,
+}
+
+func (s *Server) killCommand(w http.ResponseWriter, r *http.Request) error {
+	req := KillRequest{Signal: "SIGKILL"}
+	if err := decode(r, &req, true); err != nil {
+		return err
+	}
+	sig, ok := signals[strings.ToUpper(req.Signal)]
+	if !ok {
+		return invalid("field \"signal\": %q is not one of SIGKILL, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGSTOP, SIGCONT", req.Signal)
+	}
+	c, err := s.cmds.get(r.PathValue("sandboxID"), r.PathValue("pid"))
+	if err != nil {
+		return err
+	}
+	if err := c.proc.Kill(r.Context(), sig); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}

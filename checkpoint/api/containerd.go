@@ -1,0 +1,398 @@
+package api
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cube-runtime/cube/checkpoint/shimclient"
+	"github.com/cube-runtime/cube/checkpoint/snapshots"
+	"github.com/cube-runtime/cube/checkpoint/store"
+)
+
+// Containerd is the Backend over containerd's client and the shim's
+// snapshot service.
+type Containerd struct {
+	Conn        *shimclient.Containerd
+	Store       *store.Store
+	Namespace   string
+	Runtime     string
+	Snapshotter string
+	State       string // containerd's state directory
+}
+
+func (c *Containerd) ctx(ctx context.Context) context.Context {
+	return namespaces.WithNamespace(ctx, c.Namespace)
+}
+
+func (c *Containerd) client() *containerd.Client { return c.Conn.Client }
+
+// CheckImage implements Backend.
+func (c *Containerd) CheckImage(ctx context.Context, ref string) error {
+	_, err := c.client().GetImage(c.ctx(ctx), ref)
+	if err != nil {
+		return fmt.Errorf("image %s in namespace %s: %w", ref, c.Namespace, err)
+	}
+	return nil
+}
+
+// Create implements Backend: the container (labels, image's rootfs in the
+// snapshotter, the runtime) and its started task.
+func (c *Containerd) Create(ctx context.Context, spec CreateSpec) (Container, error) {
+	ctx = c.ctx(ctx)
+	img, err := c.client().GetImage(ctx, spec.Image)
+	if err != nil {
+		return Container{}, fmt.Errorf("image %s: %w", spec.Image, err)
+	}
+	if ok, err := img.IsUnpacked(ctx, c.Snapshotter); err != nil || !ok {
+		if err := img.Unpack(ctx, c.Snapshotter); err != nil {
+			return Container{}, fmt.Errorf("unpack image %s into snapshotter %s: %w", spec.Image, c.Snapshotter, err)
+		}
+	}
+	opts := []oci.SpecOpts{oci.WithImageConfig(img), oci.WithEnv(spec.Env)}
+	if len(spec.Command) > 0 {
+		opts = append(opts, oci.WithProcessArgs(spec.Command...))
+	}
+	ctr, err := c.client().NewContainer(ctx, spec.ID,
+		containerd.WithImage(img), containerd.WithSnapshotter(c.Snapshotter),
+		containerd.WithNewSnapshot(spec.ID+"-rootfs", img), containerd.WithRuntime(c.Runtime, nil),
+		containerd.WithNewSpec(opts...), containerd.WithContainerLabels(spec.Labels))
+	if err != nil {
+		return Container{}, fmt.Errorf("create container %s: %w", spec.ID, err)
+	}
+	task, err := ctr.NewTask(ctx, cio.NullIO)
+	if err == nil {
+		if err = task.Start(ctx); err != nil {
+			_, _ = task.Delete(context.WithoutCancel(ctx), containerd.WithProcessKill)
+		}
+	}
+	if err != nil {
+		_ = ctr.Delete(context.WithoutCancel(ctx), containerd.WithSnapshotCleanup)
+		return Container{}, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
+	}
+	return c.Get(ctx, spec.ID)
+}
+
+// List implements Backend.
+func (c *Containerd) List(ctx context.Context) ([]Container, error) {
+	ctx = c.ctx(ctx)
+	cs, err := c.client().Containers(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list containers in namespace %s: %w", c.Namespace, err)
+	}
+	var out []Container
+	for _, ctr := range cs {
+		ct, err := c.describe(ctx, ctr)
+		if errdefs.IsNotFound(err) {
+			continue // deleted meanwhile, or not a sandbox
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ct)
+	}
+	return out, nil
+}
+
+// describe reads a sandbox's labels and task status (NotFound: not a sandbox).
+func (c *Containerd) describe(ctx context.Context, ctr containerd.Container) (Container, error) {
+	info, err := ctr.Info(ctx, containerd.WithoutRefreshedMetadata)
+	if err != nil {
+		return Container{}, fmt.Errorf("container %s: %w", ctr.ID(), err)
+	}
+	if info.Labels[LabelSandbox] != "1" {
+		return Container{}, fmt.Errorf("container %s is not a sandbox of cube-api: %w", ctr.ID(), errdefs.ErrNotFound)
+	}
+	out := Container{ID: info.ID, Image: info.Image, Labels: info.Labels, Created: info.CreatedAt}
+	task, err := ctr.Task(ctx, nil)
+	if errdefs.IsNotFound(err) {
+		return out, nil
+	}
+	if err != nil {
+		return Container{}, fmt.Errorf("sandbox %s: its task: %w", ctr.ID(), err)
+	}
+	st, err := task.Status(ctx)
+	switch {
+	case errdefs.IsNotFound(err):
+		return out, nil
+	case err != nil:
+		return Container{}, fmt.Errorf("sandbox %s: its task's status: %w", ctr.ID(), err)
+	}
+	out.Status = string(st.Status)
+	return out, nil
+}
+
+// load returns sandbox id's container.
+func (c *Containerd) load(ctx context.Context, id string) (containerd.Container, error) {
+	ctr, err := c.client().LoadContainer(c.ctx(ctx), id)
+	if errdefs.IsNotFound(err) {
+		return nil, fmt.Errorf("no sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	if _, err := c.describe(c.ctx(ctx), ctr); err != nil {
+		if errdefs.IsNotFound(err) {
+			return nil, fmt.Errorf("no sandbox %s: %w", id, errdefs.ErrNotFound)
+		}
+		return nil, err
+	}
+	return ctr, nil
+}
+
+// Get implements Backend.
+func (c *Containerd) Get(ctx context.Context, id string) (Container, error) {
+	ctr, err := c.load(ctx, id)
+	if err != nil {
+		return Container{}, err
+	}
+	return c.describe(c.ctx(ctx), ctr)
+}
+
+// task returns sandbox id's task.
+func (c *Containerd) task(ctx context.Context, id string) (containerd.Task, error) {
+	ctr, err := c.load(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	t, err := ctr.Task(c.ctx(ctx), nil)
+	if errdefs.IsNotFound(err) {
+		return nil, fmt.Errorf("sandbox %s has no task (it stopped): %w", id, errdefs.ErrConflict)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: its task: %w", id, err)
+	}
+	return t, nil
+}
+
+// Delete implements Backend.
+func (c *Containerd) Delete(ctx context.Context, id string) error {
+	ctr, err := c.load(ctx, id)
+	if err != nil {
+		return err
+	}
+	ctx = c.ctx(ctx)
+	if t, err := ctr.Task(ctx, nil); err == nil {
+		if _, err := t.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+			return fmt.Errorf("kill sandbox %s: %w", id, err)
+		}
+	} else if !errdefs.IsNotFound(err) {
+		return fmt.Errorf("sandbox %s: its task: %w", id, err)
+	}
+	if err := ctr.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("delete sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// Pause implements Backend.
+func (c *Containerd) Pause(ctx context.Context, id string) error {
+	t, err := c.task(ctx, id)
+	if err != nil {
+		return err
+	}
+	if err := t.Pause(c.ctx(ctx)); err != nil {
+		return fmt.Errorf("pause sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// Resume implements Backend.
+func (c *Containerd) Resume(ctx context.Context, id string) error {
+	t, err := c.task(ctx, id)
+	if err != nil {
+		return err
+	}
+	if err := t.Resume(c.ctx(ctx)); err != nil {
+		return fmt.Errorf("resume sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// SetLabels implements Backend.
+func (c *Containerd) SetLabels(ctx context.Context, id string, labels map[string]string) error {
+	ctr, err := c.load(ctx, id)
+	if err != nil {
+		return err
+	}
+	if _, err := ctr.SetLabels(c.ctx(ctx), labels); err != nil {
+		return fmt.Errorf("sandbox %s: set labels: %w", id, err)
+	}
+	return nil
+}
+
+// Snapshot implements Backend: snapshots.Take through the sandbox's shim.
+func (c *Containerd) Snapshot(ctx context.Context, id string, names []string) (snapshots.Taken, error) {
+	if _, err := c.load(ctx, id); err != nil {
+		return snapshots.Taken{}, err
+	}
+	l := shimclient.Locator{State: c.State, Address: c.Conn.Address, Namespace: c.Namespace}
+	target, err := shimclient.Resolve(ctx, c.Conn, l, id)
+	if err != nil {
+		return snapshots.Taken{}, err
+	}
+	sh, err := shimclient.Dial(ctx, target.Address)
+	if err != nil {
+		return snapshots.Taken{}, fmt.Errorf("sandbox %s: its shim: %w", id, err)
+	}
+	defer sh.Close()
+	t, err := snapshots.Take(ctx, c.Store, sh, snapshots.Options{Container: id,
+		Sandbox: snapshots.SandboxKey(c.Namespace, target.Container.Group), Names: names})
+	return t, takeError(err)
+}
+
+// parseUser reads "root", "UID" or "UID:GID" (names would need the guest's /etc/passwd).
+func parseUser(u string) (specs.User, error) {
+	if u == "" || u == "root" {
+		return specs.User{}, nil
+	}
+	us, gs, hasGID := strings.Cut(u, ":")
+	uid, err1 := strconv.ParseUint(us, 10, 32)
+	gid, err2 := uint64(0), error(nil)
+	if hasGID {
+		gid, err2 = strconv.ParseUint(gs, 10, 32)
+	}
+	if err1 != nil || err2 != nil {
+		return specs.User{}, invalid("field \"user\": %q: want root, UID or UID:GID (numeric)", u)
+	}
+	return specs.User{UID: uint32(uid), GID: uint32(gid)}, nil
+}
+
+// Exec implements Backend: a task exec with the sandbox's process spec,
+// the command, env added and cwd and user replaced.
+func (c *Containerd) Exec(ctx context.Context, id string, es ExecSpec, eio ExecIO) (Process, error) {
+	user, err := parseUser(es.User)
+	if err != nil {
+		return nil, err
+	}
+	ctr, err := c.load(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	ctx = c.ctx(ctx)
+	spec, err := ctr.Spec(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: its spec: %w", id, err)
+	}
+	t, err := c.task(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	p := *spec.Process
+	p.Terminal = false
+	p.Args = append([]string{es.Cmd}, es.Args...)
+	p.Env = append(append([]string(nil), p.Env...), es.Env...)
+	if es.Cwd != "" {
+		p.Cwd = es.Cwd
+	}
+	if es.User != "" {
+		p.User = user
+	}
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	execID := "cmd-" + hex.EncodeToString(b)
+	var stdin io.Reader
+	var stdinDone chan struct{}
+	if eio.Stdin != nil {
+		stdinDone = make(chan struct{})
+		stdin = &eofReader{r: eio.Stdin, done: stdinDone}
+	}
+	proc, err := t.Exec(ctx, execID, &p, cio.NewCreator(cio.WithStreams(stdin, eio.Stdout, eio.Stderr)))
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: exec %s: %w", id, es.Cmd, err)
+	}
+	exitC, err := proc.Wait(ctx)
+	if err == nil {
+		err = proc.Start(ctx)
+	}
+	if err != nil {
+		_, _ = proc.Delete(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("sandbox %s: start %s: %w", id, es.Cmd, err)
+	}
+	return &execProcess{p: proc, exitC: exitC, ns: c.Namespace, stdinDone: stdinDone}, nil
+}
+
+// eofReader closes done once r reached its end: cio's copy into the fifo
+// has then written everything before it.
+type eofReader struct {
+	r    io.Reader
+	done chan struct{}
+	once sync.Once
+}
+
+func (e *eofReader) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err != nil {
+		e.once.Do(func() { close(e.done) })
+	}
+	return n, err
+}
+
+// execProcess is a containerd exec as a Process.
+type execProcess struct {
+	p     containerd.Process
+	exitC <-chan containerd.ExitStatus
+	ns    string
+	// stdinDone is closed when the input was copied to the end (nil: no stdin).
+	stdinDone chan struct{}
+}
+
+func (e *execProcess) Pid() uint32 { return e.p.Pid() }
+
+// ioDrain bounds waiting for the output after the exit (a background child
+// holding stdout open would hold it forever).
+const ioDrain = 2 * time.Second
+
+func (e *execProcess) Wait(ctx context.Context) (int, error) {
+	var st containerd.ExitStatus
+	select {
+	case st = <-e.exitC:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	drained := make(chan struct{})
+	go func() { e.p.IO().Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(ioDrain):
+	}
+	code, _, err := st.Result()
+	dctx, cancel := context.WithTimeout(namespaces.WithNamespace(context.Background(), e.ns), 30*time.Second)
+	defer cancel()
+	if _, derr := e.p.Delete(dctx); derr != nil && err == nil && !errdefs.IsNotFound(derr) {
+		err = fmt.Errorf("delete exec: %w", derr)
+	}
+	return int(code), err
+}
+
+func (e *execProcess) Kill(ctx context.Context, sig syscall.Signal) error {
+	return e.p.Kill(namespaces.WithNamespace(ctx, e.ns), sig)
+}
+
+// CloseStdin closes the process's stdin once what was written before has
+// reached the fifo (the caller closed the input's writer first).
+func (e *execProcess) CloseStdin(ctx context.Context) error {
+	if e.stdinDone != nil {
+		select {
+		case <-e.stdinDone:
+		case <-time.After(5 * time.Second):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return e.p.CloseIO(namespaces.WithNamespace(ctx, e.ns), containerd.WithStdinCloser)
+}

@@ -1,0 +1,20 @@
+"""Python SDK of Cube's cube-api (standard library only).
+
+    from cube_sandbox import Sandbox
+    with Sandbox.create(template="docker.io/library/busybox:latest", timeout=300) as sb:
+        r = sb.commands.run("echo hello")
+        snap = sb.create_snapshot("after-hello")
+
+Environment: CUBE_API_URL (default http://127.0.0.1:3000), CUBE_API_KEY,
+CUBE_TEMPLATE_ID. docs/api.md documents the routes.
+"""
+
+from .commands import CommandHandle, CommandResult, Commands
+from .exceptions import (AuthenticationException, CommandExitException, ConflictException,
+                         InvalidArgumentException, NotFoundException, NotImplementedException,
+                         SandboxException, TimeoutException)
+from .sandbox import Page, Sandbox, SandboxInfo, SnapshotInfo
+
+__all__ = ["Sandbox", "SandboxInfo", "SnapshotInfo", "Page", "Commands", "CommandHandle", "CommandResult",
+           "SandboxException", "InvalidArgumentException", "AuthenticationException", "NotFoundException",
+           "ConflictException", "NotImplementedException", "TimeoutException", "CommandExitException"]

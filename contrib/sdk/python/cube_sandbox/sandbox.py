@@ -1,0 +1,196 @@
+"""Sandbox: create, connect, list, kill, pause, resume, set_timeout,
+snapshots; names as CubeSandbox's / E2B's SDK."""
+
+import os
+import urllib.parse
+
+from ._http import ENV_TEMPLATE_ID, ConnectionConfig
+from .commands import Commands
+from .exceptions import InvalidArgumentException, NotFoundException
+
+
+class _hybrid:
+    """A method callable on an instance (sb.kill()) or on the class with a
+    sandbox id first (Sandbox.kill(sandbox_id)), as E2B's SDK allows."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.__doc__ = fn.__doc__
+
+    def __get__(self, obj, cls):
+        if obj is not None:
+            return lambda *a, **kw: self.fn(obj, *a, **kw)
+
+        def on_class(sandbox_id, *a, api_url=None, api_key=None, **kw):
+            return self.fn(cls(sandbox_id, ConnectionConfig(api_url, api_key)), *a, **kw)
+        return on_class
+
+
+class SandboxInfo(dict):
+    """A sandbox as cube-api shows it (a dict of its JSON: sandboxID,
+    templateID, state, startedAt, endAt, timeout, autoPause, metadata),
+    with attribute access in snake case."""
+
+    def __getattr__(self, name):
+        key = {"sandbox_id": "sandboxID", "template_id": "templateID", "started_at": "startedAt",
+               "end_at": "endAt", "auto_pause": "autoPause", "client_id": "clientID"}.get(name, name)
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+class SnapshotInfo(SandboxInfo):
+    """A snapshot: snapshotID, names, sandboxID, kind, parent, sizeBytes,
+    createdAt, inUse (and frozenMs, totalMs when just taken)."""
+
+    def __getattr__(self, name):
+        key = {"snapshot_id": "snapshotID", "sandbox_id": "sandboxID", "size_bytes": "sizeBytes",
+               "created_at": "createdAt", "in_use": "inUse", "frozen_ms": "frozenMs", "total_ms": "totalMs"}.get(name, name)
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+class Page(list):
+    """One page of a list; next_token is None after the last."""
+
+    def __init__(self, items, next_token):
+        super().__init__(items)
+        self.next_token = next_token or None
+
+
+def _q(s):
+    return urllib.parse.quote(s, safe="")
+
+
+class Sandbox:
+    """A sandbox of cube-api. Use as a context manager to kill it on exit:
+
+        with Sandbox.create(template="docker.io/library/busybox:latest") as sb:
+            print(sb.commands.run("echo hello").stdout)
+    """
+
+    def __init__(self, sandbox_id, conn=None, info=None):
+        self.sandbox_id = sandbox_id
+        self._conn = conn or ConnectionConfig()
+        self.info = SandboxInfo(info or {})
+        self.commands = Commands(self)
+
+    def __repr__(self):
+        return "Sandbox(%r)" % self.sandbox_id
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self.kill()
+        except NotFoundException:
+            pass
+        return False
+
+    @classmethod
+    def create(cls, template=None, timeout=None, metadata=None, envs=None, auto_pause=False,
+               api_url=None, api_key=None, request_timeout=60.0):
+        """Creates a sandbox from template (an image reference; default
+        CUBE_TEMPLATE_ID). timeout: seconds until it is killed (or paused with
+        auto_pause); None: the server's default."""
+        conn = ConnectionConfig(api_url, api_key, request_timeout)
+        template = template or os.environ.get(ENV_TEMPLATE_ID)
+        if not template:
+            raise InvalidArgumentException("no template: pass template= or set CUBE_TEMPLATE_ID")
+        body = {"templateID": template, "autoPause": bool(auto_pause)}
+        if timeout is not None:
+            body["timeout"] = int(timeout)
+        if metadata is not None:
+            body["metadata"] = dict(metadata)
+        if envs is not None:
+            body["envVars"] = dict(envs)
+        info, _ = conn.call("POST", "/sandboxes", body=body)
+        return cls(info["sandboxID"], conn, info)
+
+    @classmethod
+    def connect(cls, sandbox_id, timeout=None, api_url=None, api_key=None):
+        """A sandbox by id, resumed when paused; its timeout restarts (timeout
+        seconds, None: its own)."""
+        conn = ConnectionConfig(api_url, api_key)
+        body = {"timeout": int(timeout)} if timeout else None
+        info, _ = conn.call("POST", "/sandboxes/%s/connect" % _q(sandbox_id), body=body)
+        return cls(info["sandboxID"], conn, info)
+
+    @classmethod
+    def list(cls, metadata=None, state=None, limit=None, next_token=None, api_url=None, api_key=None):
+        """One page of sandboxes (a Page of SandboxInfo; .next_token for the
+        next). metadata: pairs that must all match; state: "running",
+        "paused" or a list of them."""
+        conn = ConnectionConfig(api_url, api_key)
+        q = {"limit": limit, "nextToken": next_token}
+        if metadata:
+            q["metadata"] = urllib.parse.urlencode(metadata)
+        if state:
+            q["state"] = state if isinstance(state, str) else ",".join(state)
+        out, headers = conn.call("GET", "/v2/sandboxes", query=q)
+        return Page([SandboxInfo(s) for s in out], headers.get("X-Next-Token"))
+
+    @_hybrid
+    def kill(self):
+        """Kills the sandbox (its snapshots stay)."""
+        self._conn.call("DELETE", "/sandboxes/%s" % _q(self.sandbox_id))
+        return True
+
+    @_hybrid
+    def get_info(self):
+        info, _ = self._conn.call("GET", "/sandboxes/%s" % _q(self.sandbox_id))
+        self.info = SandboxInfo(info)
+        return self.info
+
+    def is_running(self):
+        return self.get_info().state == "running"
+
+    @_hybrid
+    def pause(self):
+        """Pauses the sandbox (ConflictException when it is not running)."""
+        self._conn.call("POST", "/sandboxes/%s/pause" % _q(self.sandbox_id))
+        return True
+
+    @_hybrid
+    def resume(self, timeout=None):
+        """Resumes a paused sandbox; its timeout restarts."""
+        body = {"timeout": int(timeout)} if timeout else None
+        info, _ = self._conn.call("POST", "/sandboxes/%s/resume" % _q(self.sandbox_id), body=body)
+        self.info = SandboxInfo(info)
+        return self
+
+    @_hybrid
+    def set_timeout(self, timeout):
+        """Sets the deadline to now + timeout seconds."""
+        self._conn.call("POST", "/sandboxes/%s/timeout" % _q(self.sandbox_id), body={"timeout": int(timeout)})
+
+    @_hybrid
+    def create_snapshot(self, name=None):
+        """Snapshots the sandbox's whole VM (ConflictException while another
+        snapshot of it runs or when the name is taken). Returns SnapshotInfo."""
+        body = {"name": name} if name else None
+        info, _ = self._conn.call("POST", "/sandboxes/%s/snapshots" % _q(self.sandbox_id), body=body)
+        return SnapshotInfo(info)
+
+    @staticmethod
+    def list_snapshots(sandbox_id=None, limit=None, next_token=None, api_url=None, api_key=None):
+        """One page of snapshots, oldest first (a Page of SnapshotInfo)."""
+        conn = ConnectionConfig(api_url, api_key)
+        out, headers = conn.call("GET", "/snapshots", query={"sandboxID": sandbox_id, "limit": limit,
+                                                              "nextToken": next_token})
+        return Page([SnapshotInfo(s) for s in out], headers.get("X-Next-Token"))
+
+    @staticmethod
+    def get_snapshot(snapshot_id, api_url=None, api_key=None):
+        info, _ = ConnectionConfig(api_url, api_key).call("GET", "/snapshots/%s" % _q(snapshot_id))
+        return SnapshotInfo(info)
+
+    @staticmethod
+    def delete_snapshot(snapshot_id, api_url=None, api_key=None):
+        """Deletes a snapshot (ConflictException while it is in use)."""
+        ConnectionConfig(api_url, api_key).call("DELETE", "/snapshots/%s" % _q(snapshot_id))
+        return True

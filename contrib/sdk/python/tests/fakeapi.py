@@ -1,0 +1,323 @@
+"""A fake cube-api for the SDK's tests (stdlib http.server): the routes,
+status codes, {code, message} errors, X-Next-Token pages and NDJSON command
+streams of docs/api.md, over in-memory state."""
+
+import json
+import queue
+import re
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+KEY = "py-test-key-0123456789"
+
+
+class State:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.sandboxes = {}  # id -> dict
+        self.snapshots = []  # dicts, oldest first
+        self.commands = {}  # (sandbox, pid) -> dict(kill=Queue, stdin=Queue, info=dict)
+        self.n = 0
+        self.requests = []  # (method, path, body, headers)
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.0"
+    state = None
+
+    def log_message(self, *a):
+        pass
+
+    def reply(self, code, body=None, headers=None):
+        raw = b"" if body is None else json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("X-Request-Id", "req-%d" % len(self.state.requests))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def error(self, code, message):
+        self.reply(code, {"code": code, "message": message})
+
+    def body(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(n) if n else b""
+        return json.loads(raw) if raw.strip() else None
+
+    def handle_any(self, method):
+        st = self.state
+        u = urllib.parse.urlsplit(self.path)
+        q = urllib.parse.parse_qs(u.query)
+        body = self.body()
+        st.requests.append((method, u.path, body, dict(self.headers)))
+        auth = self.headers.get("Authorization", "")
+        if u.path != "/health" and auth != "Bearer " + KEY and self.headers.get("X-API-Key") != KEY:
+            return self.error(401, "missing API key" if not auth else "wrong API key")
+        for pattern, fn in ROUTES:
+            if pattern[0] != method:
+                continue
+            m = re.fullmatch(pattern[1], u.path)
+            if m:
+                with_lock = fn is not run_command
+                if with_lock:
+                    with st.lock:
+                        return fn(self, st, q, body, *m.groups())
+                return fn(self, st, q, body, *m.groups())
+        self.error(404, "no route %s %s" % (method, u.path))
+
+    def do_GET(self):
+        self.handle_any("GET")
+
+    def do_POST(self):
+        self.handle_any("POST")
+
+    def do_DELETE(self):
+        self.handle_any("DELETE")
+
+
+def sandbox_or_404(h, st, sid):
+    sb = st.sandboxes.get(sid)
+    if sb is None:
+        h.error(404, "no sandbox %s" % sid)
+    return sb
+
+
+def create(h, st, q, body):
+    if not isinstance(body, dict) or not body.get("templateID"):
+        return h.error(400, 'field "templateID" is required')
+    if body["templateID"] != "busybox":
+        return h.error(404, 'unknown template "%s"' % body["templateID"])
+    if not isinstance(body.get("timeout", 0), int):
+        return h.error(400, 'field "timeout": want a number')
+    st.n += 1
+    sid = "sb%018d" % st.n
+    sb = {"sandboxID": sid, "templateID": body["templateID"], "clientID": "cube", "state": "running",
+          "startedAt": "2026-12-01T12:00:%02dZ" % st.n, "endAt": "", "timeout": body.get("timeout") or 300,
+          "autoPause": body.get("autoPause", False), "metadata": body.get("metadata") or {},
+          "envs": body.get("envVars") or {}}
+    st.sandboxes[sid] = sb
+    h.reply(201, sb)
+
+
+def page(h, items, q):
+    limit = int(q.get("limit", ["100"])[0])
+    start = int(q.get("nextToken", ["0"])[0])
+    chunk = items[start:start + limit]
+    headers = {"X-Next-Token": str(start + limit)} if start + limit < len(items) else {}
+    h.reply(200, chunk, headers)
+
+
+def list_sandboxes(h, st, q, body):
+    items = list(st.sandboxes.values())
+    if "state" in q:
+        states = q["state"][0].split(",")
+        items = [s for s in items if s["state"] in states]
+    if "metadata" in q:
+        want = dict(urllib.parse.parse_qsl(q["metadata"][0]))
+        items = [s for s in items if all(s["metadata"].get(k) == v for k, v in want.items())]
+    page(h, items, q)
+
+
+def get_sandbox(h, st, q, body, sid):
+    sb = sandbox_or_404(h, st, sid)
+    if sb:
+        h.reply(200, sb)
+
+
+def delete_sandbox(h, st, q, body, sid):
+    if sandbox_or_404(h, st, sid):
+        del st.sandboxes[sid]
+        h.reply(204)
+
+
+def pause(h, st, q, body, sid):
+    sb = sandbox_or_404(h, st, sid)
+    if sb is None:
+        return
+    if sb["state"] != "running":
+        return h.error(409, "sandbox %s is %s" % (sid, sb["state"]))
+    sb["state"] = "paused"
+    h.reply(204)
+
+
+def resume(h, st, q, body, sid, connect=False):
+    sb = sandbox_or_404(h, st, sid)
+    if sb is None:
+        return
+    if body and "timeout" in body:
+        sb["timeout"] = body["timeout"]
+    if sb["state"] == "running" and connect:
+        return h.reply(200, sb)
+    if sb["state"] != "paused":
+        return h.error(409, "sandbox %s is %s, not paused" % (sid, sb["state"]))
+    sb["state"] = "running"
+    h.reply(201, sb)
+
+
+def connect(h, st, q, body, sid):
+    resume(h, st, q, body, sid, connect=True)
+
+
+def set_timeout(h, st, q, body, sid):
+    sb = sandbox_or_404(h, st, sid)
+    if sb:
+        sb["timeout"] = body["timeout"]
+        h.reply(204)
+
+
+def create_snapshot(h, st, q, body, sid):
+    if not sandbox_or_404(h, st, sid):
+        return
+    name = (body or {}).get("name")
+    if name and any(name in s["names"] for s in st.snapshots):
+        return h.error(409, 'name "%s" is taken' % name)
+    st.n += 1
+    s = {"snapshotID": "%024x" % st.n, "names": [name] if name else [], "sandboxID": sid, "kind": "full",
+         "sizeBytes": 4096, "createdAt": "2026-12-01T12:00:00Z", "inUse": False, "frozenMs": 1.5, "totalMs": 7}
+    st.snapshots.append(s)
+    h.reply(201, s)
+
+
+def find_snapshot(st, ref):
+    for s in st.snapshots:
+        if s["snapshotID"] == ref or ref in s["names"]:
+            return s
+    return None
+
+
+def list_snapshots(h, st, q, body):
+    items = st.snapshots
+    if "sandboxID" in q:
+        items = [s for s in items if s["sandboxID"] == q["sandboxID"][0]]
+    page(h, items, q)
+
+
+def get_snapshot(h, st, q, body, ref):
+    s = find_snapshot(st, ref)
+    h.reply(200, s) if s else h.error(404, "no snapshot %s" % ref)
+
+
+def delete_snapshot(h, st, q, body, ref):
+    s = find_snapshot(st, ref)
+    if s is None:
+        return h.error(404, "no snapshot %s" % ref)
+    if s["inUse"]:
+        return h.error(409, "snapshot %s is in use" % ref)
+    st.snapshots.remove(s)
+    h.reply(204)
+
+
+def run_command(h, st, q, body, sid):
+    with st.lock:
+        sb = sandbox_or_404(h, st, sid)
+        if sb is None:
+            return
+        st.n += 1
+        pid = st.n
+        c = {"kill": queue.Queue(), "stdin": queue.Queue(), "info": {"pid": pid, "cmd": body["cmd"], "args": body.get("args", [])}}
+        st.commands[(sid, pid)] = c
+    line = " ".join([body["cmd"]] + body.get("args", []))
+    line = line[len("/bin/sh -c "):] if line.startswith("/bin/sh -c ") else line
+    h.send_response(200)
+    h.send_header("Content-Type", "application/x-ndjson")
+    h.end_headers()
+
+    def ev(**e):
+        h.wfile.write((json.dumps(e) + "\n").encode())
+        h.wfile.flush()
+    code = 0
+    try:
+        ev(type="start", pid=pid)
+        if line.startswith("echo "):
+            env = " ".join("%s=%s" % kv for kv in sorted((body.get("envs") or {}).items()))
+            ev(type="stdout", data=line[5:] + "\n")
+            if env:
+                ev(type="stdout", data=env + "\n")
+        elif line.startswith("exit "):
+            ev(type="stderr", data="bye\n")
+            code = int(line[5:])
+        elif line == "cat":
+            while True:
+                d = c["stdin"].get(timeout=10)
+                if d is None:
+                    break
+                ev(type="stdout", data=d)
+        elif line == "sleep":
+            code = 128 + c["kill"].get(timeout=10)
+        elif line == "pwd":
+            ev(type="stdout", data=(body.get("cwd") or "/") + " " + (body.get("user") or "root") + "\n")
+        ev(type="exit", exitCode=code)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    finally:
+        with st.lock:
+            st.commands.pop((sid, pid), None)
+
+
+def list_commands(h, st, q, body, sid):
+    if sandbox_or_404(h, st, sid):
+        h.reply(200, [c["info"] for (s, _), c in sorted(st.commands.items()) if s == sid])
+
+
+def command_or_404(h, st, sid, pid):
+    c = st.commands.get((sid, int(pid)))
+    if c is None:
+        h.error(404, "no running command with pid %s" % pid)
+    return c
+
+
+def stdin(h, st, q, body, sid, pid):
+    c = command_or_404(h, st, sid, pid)
+    if c:
+        if body.get("data"):
+            c["stdin"].put(body["data"])
+        if body.get("eof"):
+            c["stdin"].put(None)
+        h.reply(204)
+
+
+def kill(h, st, q, body, sid, pid):
+    c = command_or_404(h, st, sid, pid)
+    if c:
+        c["kill"].put({"SIGTERM": 15}.get((body or {}).get("signal"), 9))
+        h.reply(204)
+
+
+def not_yet(h, st, q, body, sid):
+    h.error(501, "not implemented yet")
+
+
+ID = "([^/]+)"
+ROUTES = [
+    (("POST", "/sandboxes"), create),
+    (("GET", "/v2/sandboxes"), list_sandboxes),
+    (("GET", "/sandboxes/" + ID), get_sandbox),
+    (("DELETE", "/sandboxes/" + ID), delete_sandbox),
+    (("POST", "/sandboxes/%s/pause" % ID), pause),
+    (("POST", "/sandboxes/%s/resume" % ID), resume),
+    (("POST", "/sandboxes/%s/connect" % ID), connect),
+    (("POST", "/sandboxes/%s/timeout" % ID), set_timeout),
+    (("POST", "/sandboxes/%s/snapshots" % ID), create_snapshot),
+    (("POST", "/sandboxes/%s/rollback" % ID), not_yet),
+    (("GET", "/snapshots"), list_snapshots),
+    (("GET", "/snapshots/" + ID), get_snapshot),
+    (("DELETE", "/snapshots/" + ID), delete_snapshot),
+    (("POST", "/sandboxes/%s/commands" % ID), run_command),
+    (("GET", "/sandboxes/%s/commands" % ID), list_commands),
+    (("POST", "/sandboxes/%s/commands/(\\d+)/stdin" % ID), stdin),
+    (("POST", "/sandboxes/%s/commands/(\\d+)/kill" % ID), kill),
+]
+
+
+def start():
+    """Starts a fake cube-api on 127.0.0.1; returns (server, state, url)."""
+    st = State()
+    handler = type("H", (Handler,), {"state": st})
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+    return srv, st, "http://127.0.0.1:%d" % srv.server_address[1]

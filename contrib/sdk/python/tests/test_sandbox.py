@@ -1,0 +1,196 @@
+"""The SDK against a fake cube-api (tests/fakeapi.py): python3 -m unittest
+discover -s tests (from contrib/sdk/python)."""
+
+import os
+import threading
+import unittest
+from unittest import mock
+
+from cube_sandbox import (AuthenticationException, CommandExitException, ConflictException,
+                          InvalidArgumentException, NotFoundException, NotImplementedException, Sandbox,
+                          SandboxException, TimeoutException)
+
+from cube_sandbox._http import ConnectionConfig
+
+from . import fakeapi
+
+
+class Base(unittest.TestCase):
+    def setUp(self):
+        self.srv, self.st, self.url = fakeapi.start()
+        env = {"CUBE_API_URL": self.url + "/", "CUBE_API_KEY": fakeapi.KEY, "CUBE_TEMPLATE_ID": "busybox"}
+        p = mock.patch.dict(os.environ, env)
+        p.start()
+        self.addCleanup(p.stop)
+        self.addCleanup(self.srv.server_close)
+        self.addCleanup(self.srv.shutdown)
+
+
+class TestSandbox(Base):
+    def test_create_uses_env_and_fields(self):
+        sb = Sandbox.create(timeout=60, metadata={"k": "v"}, envs={"A": "1"})
+        self.assertEqual(len(sb.sandbox_id), 20)
+        self.assertEqual(sb.info.template_id, "busybox")
+        method, path, body, headers = self.st.requests[-1]
+        self.assertEqual((method, path), ("POST", "/sandboxes"))
+        self.assertEqual(body, {"templateID": "busybox", "timeout": 60, "metadata": {"k": "v"},
+                                "envVars": {"A": "1"}, "autoPause": False})
+        self.assertEqual(headers["Authorization"], "Bearer " + fakeapi.KEY)
+
+    def test_errors_map_to_exceptions(self):
+        with self.assertRaises(NotFoundException) as cm:
+            Sandbox.create(template="nope")
+        self.assertEqual(cm.exception.status, 404)
+        self.assertIn("unknown template", str(cm.exception))
+        self.assertTrue(cm.exception.request_id)
+        with self.assertRaises(InvalidArgumentException) as cm:
+            ConnectionConfig().call("POST", "/sandboxes", body={"templateID": "busybox", "timeout": "soon"})
+        self.assertIn('"timeout"', str(cm.exception))
+        with self.assertRaises(AuthenticationException):
+            Sandbox.create(api_key="wrong")
+        with mock.patch.dict(os.environ, {"CUBE_TEMPLATE_ID": ""}):
+            with self.assertRaises(InvalidArgumentException):
+                Sandbox.create()
+        with self.assertRaises(SandboxException) as cm:
+            Sandbox.create(api_url="http://127.0.0.1:1")
+        self.assertIn("cannot reach cube-api", str(cm.exception))
+
+    def test_lifecycle(self):
+        sb = Sandbox.create()
+        sb.pause()
+        self.assertEqual(sb.get_info().state, "paused")
+        with self.assertRaises(ConflictException):
+            sb.pause()
+        sb.resume(timeout=30)
+        self.assertEqual(sb.info.state, "running")
+        self.assertEqual(sb.info.timeout, 30)
+        sb.set_timeout(120)
+        self.assertEqual(sb.get_info().timeout, 120)
+        self.assertTrue(sb.is_running())
+        Sandbox.pause(sb.sandbox_id)  # on the class, with an id
+        again = Sandbox.connect(sb.sandbox_id, timeout=10)
+        self.assertEqual(again.info.state, "running")
+        Sandbox.kill(sb.sandbox_id)
+        with self.assertRaises(NotFoundException):
+            sb.get_info()
+        with self.assertRaises(NotFoundException):
+            Sandbox.connect(sb.sandbox_id)
+
+    def test_context_manager_kills(self):
+        with Sandbox.create() as sb:
+            sid = sb.sandbox_id
+            self.assertIn(sid, self.st.sandboxes)
+        self.assertNotIn(sid, self.st.sandboxes)
+        with Sandbox.create() as sb:  # killed already inside: no error on exit
+            sb.kill()
+
+    def test_list_filters_and_pages(self):
+        a = Sandbox.create(metadata={"team": "a"})
+        Sandbox.create(metadata={"team": "b"})
+        c = Sandbox.create(metadata={"team": "a", "n": "3"})
+        c.pause()
+        self.assertEqual([s.sandbox_id for s in Sandbox.list(metadata={"team": "a"})], [a.sandbox_id, c.sandbox_id])
+        self.assertEqual([s.sandbox_id for s in Sandbox.list(state="paused")], [c.sandbox_id])
+        self.assertEqual(len(Sandbox.list(state=["running", "paused"])), 3)
+        p1 = Sandbox.list(limit=2)
+        self.assertEqual(len(p1), 2)
+        self.assertTrue(p1.next_token)
+        p2 = Sandbox.list(limit=2, next_token=p1.next_token)
+        self.assertEqual(len(p2), 1)
+        self.assertIsNone(p2.next_token)
+
+
+class TestCommands(Base):
+    def test_run_foreground(self):
+        sb = Sandbox.create()
+        out = []
+        r = sb.commands.run("echo hello", envs={"X": "1"}, on_stdout=out.append)
+        self.assertEqual(r.exit_code, 0)
+        self.assertEqual(r.stdout, "hello\nX=1\n")
+        self.assertEqual("".join(out), r.stdout)
+        _, _, body, _ = self.st.requests[-1]
+        self.assertEqual(body, {"cmd": "/bin/sh", "args": ["-c", "echo hello"], "envs": {"X": "1"}})
+        r = sb.commands.run("pwd", args=[], cwd="/tmp", user="1000")
+        self.assertEqual(r.stdout, "/tmp 1000\n")
+
+    def test_non_zero_exit_raises(self):
+        sb = Sandbox.create()
+        errs = []
+        with self.assertRaises(CommandExitException) as cm:
+            sb.commands.run("exit 3", on_stderr=errs.append)
+        self.assertEqual(cm.exception.exit_code, 3)
+        self.assertEqual(cm.exception.stderr, "bye\n")
+        self.assertEqual(errs, ["bye\n"])
+
+    def test_background_stdin_list_kill(self):
+        sb = Sandbox.create()
+        cat = sb.commands.run("cat", background=True, stdin=True)
+        sleep = sb.commands.run("sleep", background=True)
+        self.assertEqual(sorted(c["pid"] for c in sb.commands.list()), sorted([cat.pid, sleep.pid]))
+        cat.send_stdin("abc")
+        cat.close_stdin()
+        self.assertEqual(cat.wait().stdout, "abc")
+        sleep.kill(signal="SIGTERM")
+        with self.assertRaises(CommandExitException) as cm:
+            sleep.wait(5)
+        self.assertEqual(cm.exception.exit_code, 128 + 15)
+        with self.assertRaises(NotFoundException):
+            sb.commands.kill(99999)
+
+    def test_timeout_kills(self):
+        sb = Sandbox.create()
+        with self.assertRaises(TimeoutException):
+            sb.commands.run("sleep", timeout=0.2)
+
+    def test_unknown_sandbox(self):
+        with self.assertRaises(NotFoundException):
+            Sandbox("nope").commands.run("echo x")
+
+    def test_concurrent_runs(self):
+        sb = Sandbox.create()
+        results = []
+
+        def one(i):
+            results.append(sb.commands.run("echo %d" % i).stdout)
+        ts = [threading.Thread(target=one, args=(i,)) for i in range(5)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        self.assertEqual(sorted(results), ["%d\n" % i for i in range(5)])
+
+
+class TestSnapshots(Base):
+    def test_snapshots(self):
+        sb = Sandbox.create()
+        s1 = sb.create_snapshot("one")
+        self.assertEqual(s1.names, ["one"])
+        self.assertEqual(s1.sandbox_id, sb.sandbox_id)
+        self.assertEqual(s1.frozen_ms, 1.5)
+        with self.assertRaises(ConflictException):
+            sb.create_snapshot("one")
+        s2 = sb.create_snapshot()
+        p1 = Sandbox.list_snapshots(sandbox_id=sb.sandbox_id, limit=1)
+        self.assertEqual([s.snapshot_id for s in p1], [s1.snapshot_id])
+        p2 = Sandbox.list_snapshots(sb.sandbox_id, 1, p1.next_token)
+        self.assertEqual([s.snapshot_id for s in p2], [s2.snapshot_id])
+        self.assertIsNone(p2.next_token)
+        self.assertEqual(Sandbox.get_snapshot("one").snapshot_id, s1.snapshot_id)
+        self.st.snapshots[0]["inUse"] = True
+        with self.assertRaises(ConflictException):
+            Sandbox.delete_snapshot("one")
+        self.st.snapshots[0]["inUse"] = False
+        self.assertTrue(Sandbox.delete_snapshot(s1.snapshot_id))
+        with self.assertRaises(NotFoundException):
+            Sandbox.get_snapshot("one")
+        # Snapshots outlive their sandbox.
+        sb.kill()
+        self.assertEqual(len(Sandbox.list_snapshots()), 1)
+
+    def test_not_implemented(self):
+        with self.assertRaises(NotImplementedException):
+            ConnectionConfig().call("POST", "/sandboxes/x/rollback", body={"snapshotID": "s"})
+
+
+if __name__ == "__main__":
+    unittest.main()
