@@ -40,6 +40,9 @@ type Agent struct {
 	files   map[string]fakeFile
 	specs   map[string][]byte // container id -> spec given to CreateContainer
 	frozen  bool
+	// NetworkErr, when set, is ConfigureNetwork's answer.
+	NetworkErr error
+	networks   []sandbox.NetworkConfig
 }
 
 type fakeFile struct {
