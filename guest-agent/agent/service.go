@@ -15,6 +15,7 @@ import (
 	"github.com/containerd/ttrpc"
 	"github.com/cube-runtime/cube/guest-agent/container"
 	"github.com/cube-runtime/cube/guest-agent/initsys"
+	"github.com/cube-runtime/cube/guest-agent/netif"
 	"github.com/cube-runtime/cube/guest-agent/protocol"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/sirupsen/logrus"
@@ -52,6 +53,11 @@ type Config struct {
 	// RandomDevice gets RNDADDENTROPY/RNDRESEEDCRNG (default /dev/random);
 	// HWRNG is read after a transport reset (default /dev/hwrng).
 	RandomDevice, HWRNG string
+	// ResolvConf is the file ConfigureNetwork writes DNS into (default
+	// /etc/resolv.conf); ApplyNetwork configures the interfaces (default
+	// netif.Apply, in the agent's network namespace).
+	ResolvConf   string
+	ApplyNetwork func(netif.Config) ([]netif.Applied, error)
 }
 
 type containerEntry struct {

@@ -2188,6 +2188,317 @@ func (*PowerOffRequest) Descriptor() ([]byte, []int) {
 	return file_agent_proto_rawDescGZIP(), []int{38}
 }
 
+// ConfigureNetworkRequest is the guest's whole network configuration.
+type ConfigureNetworkRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Interfaces []*NetInterface        `protobuf:"bytes,1,rep,name=interfaces,proto3" json:"interfaces,omitempty"` // at most 8
+	// dns, when set, becomes the guest's /etc/resolv.conf.
+	Dns           *DNSConfig `protobuf:"bytes,2,opt,name=dns,proto3" json:"dns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConfigureNetworkRequest) Reset() {
+	*x = ConfigureNetworkRequest{}
+	mi := &file_agent_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConfigureNetworkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConfigureNetworkRequest) ProtoMessage() {}
+
+func (x *ConfigureNetworkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConfigureNetworkRequest.ProtoReflect.Descriptor instead.
+func (*ConfigureNetworkRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *ConfigureNetworkRequest) GetInterfaces() []*NetInterface {
+	if x != nil {
+		return x.Interfaces
+	}
+	return nil
+}
+
+func (x *ConfigureNetworkRequest) GetDns() *DNSConfig {
+	if x != nil {
+		return x.Dns
+	}
+	return nil
+}
+
+// NetInterface is one guest interface and what it must look like.
+type NetInterface struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// mac is the address the interface must have (XX:XX:XX:XX:XX:XX).
+	Mac string `protobuf:"bytes,1,opt,name=mac,proto3" json:"mac,omitempty"`
+	// device_mac, when set and different from mac, is the address the device
+	// has now (a restored VM's NIC keeps its snapshot's MAC): the agent finds
+	// the interface by device_mac, or by mac if that is gone (a re-apply), and
+	// sets mac on it.
+	DeviceMac string `protobuf:"bytes,2,opt,name=device_mac,json=deviceMac,proto3" json:"device_mac,omitempty"`
+	// mtu: 0 keeps the current one; else 68..65535.
+	Mtu uint32 `protobuf:"varint,3,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	// addresses in CIDR form (10.88.0.5/16, fd00::5/64); at most 16. Other
+	// addresses on the interface are removed (IPv6 link-local ones stay).
+	Addresses []string `protobuf:"bytes,4,rep,name=addresses,proto3" json:"addresses,omitempty"`
+	// routes through this interface; at most 64. Other routes on it are
+	// removed, except the kernel's own (prefix routes of the addresses).
+	Routes []*NetRoute `protobuf:"bytes,5,rep,name=routes,proto3" json:"routes,omitempty"`
+	// name, informational (the host's name for the interface, e.g. eth0).
+	Name          string `protobuf:"bytes,6,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetInterface) Reset() {
+	*x = NetInterface{}
+	mi := &file_agent_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetInterface) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetInterface) ProtoMessage() {}
+
+func (x *NetInterface) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetInterface.ProtoReflect.Descriptor instead.
+func (*NetInterface) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *NetInterface) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *NetInterface) GetDeviceMac() string {
+	if x != nil {
+		return x.DeviceMac
+	}
+	return ""
+}
+
+func (x *NetInterface) GetMtu() uint32 {
+	if x != nil {
+		return x.Mtu
+	}
+	return 0
+}
+
+func (x *NetInterface) GetAddresses() []string {
+	if x != nil {
+		return x.Addresses
+	}
+	return nil
+}
+
+func (x *NetInterface) GetRoutes() []*NetRoute {
+	if x != nil {
+		return x.Routes
+	}
+	return nil
+}
+
+func (x *NetInterface) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// NetRoute is one route through its interface.
+type NetRoute struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// destination in CIDR form; empty: the default route of gateway's family.
+	Destination string `protobuf:"bytes,1,opt,name=destination,proto3" json:"destination,omitempty"`
+	// gateway, empty for a directly connected destination.
+	Gateway       string `protobuf:"bytes,2,opt,name=gateway,proto3" json:"gateway,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetRoute) Reset() {
+	*x = NetRoute{}
+	mi := &file_agent_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetRoute) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetRoute) ProtoMessage() {}
+
+func (x *NetRoute) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetRoute.ProtoReflect.Descriptor instead.
+func (*NetRoute) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *NetRoute) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+func (x *NetRoute) GetGateway() string {
+	if x != nil {
+		return x.Gateway
+	}
+	return ""
+}
+
+// DNSConfig is what /etc/resolv.conf says.
+type DNSConfig struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Nameservers   []string               `protobuf:"bytes,1,rep,name=nameservers,proto3" json:"nameservers,omitempty"` // IP addresses; at most 8
+	Search        []string               `protobuf:"bytes,2,rep,name=search,proto3" json:"search,omitempty"`           // domains; at most 32
+	Options       []string               `protobuf:"bytes,3,rep,name=options,proto3" json:"options,omitempty"`         // resolv.conf options (ndots:5); at most 32
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DNSConfig) Reset() {
+	*x = DNSConfig{}
+	mi := &file_agent_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DNSConfig) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DNSConfig) ProtoMessage() {}
+
+func (x *DNSConfig) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DNSConfig.ProtoReflect.Descriptor instead.
+func (*DNSConfig) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *DNSConfig) GetNameservers() []string {
+	if x != nil {
+		return x.Nameservers
+	}
+	return nil
+}
+
+func (x *DNSConfig) GetSearch() []string {
+	if x != nil {
+		return x.Search
+	}
+	return nil
+}
+
+func (x *DNSConfig) GetOptions() []string {
+	if x != nil {
+		return x.Options
+	}
+	return nil
+}
+
+type ConfigureNetworkResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// interfaces: the guest's name of each configured interface, in request order.
+	Interfaces    []string `protobuf:"bytes,1,rep,name=interfaces,proto3" json:"interfaces,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConfigureNetworkResponse) Reset() {
+	*x = ConfigureNetworkResponse{}
+	mi := &file_agent_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConfigureNetworkResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConfigureNetworkResponse) ProtoMessage() {}
+
+func (x *ConfigureNetworkResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConfigureNetworkResponse.ProtoReflect.Descriptor instead.
+func (*ConfigureNetworkResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *ConfigureNetworkResponse) GetInterfaces() []string {
+	if x != nil {
+		return x.Interfaces
+	}
+	return nil
+}
+
 var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
@@ -2330,7 +2641,31 @@ const file_agent_proto_rawDesc = "" +
 	"\x03gid\x18\b \x01(\rR\x03gid\"'\n" +
 	"\x11WriteFileResponse\x12\x12\n" +
 	"\x04size\x18\x01 \x01(\x03R\x04size\"\x11\n" +
-	"\x0fPowerOffRequest2\xa8\r\n" +
+	"\x0fPowerOffRequest\"\x82\x01\n" +
+	"\x17ConfigureNetworkRequest\x12;\n" +
+	"\n" +
+	"interfaces\x18\x01 \x03(\v2\x1b.cube.agent.v1.NetInterfaceR\n" +
+	"interfaces\x12*\n" +
+	"\x03dns\x18\x02 \x01(\v2\x18.cube.agent.v1.DNSConfigR\x03dns\"\xb4\x01\n" +
+	"\fNetInterface\x12\x10\n" +
+	"\x03mac\x18\x01 \x01(\tR\x03mac\x12\x1d\n" +
+	"\n" +
+	"device_mac\x18\x02 \x01(\tR\tdeviceMac\x12\x10\n" +
+	"\x03mtu\x18\x03 \x01(\rR\x03mtu\x12\x1c\n" +
+	"\taddresses\x18\x04 \x03(\tR\taddresses\x12/\n" +
+	"\x06routes\x18\x05 \x03(\v2\x17.cube.agent.v1.NetRouteR\x06routes\x12\x12\n" +
+	"\x04name\x18\x06 \x01(\tR\x04name\"F\n" +
+	"\bNetRoute\x12 \n" +
+	"\vdestination\x18\x01 \x01(\tR\vdestination\x12\x18\n" +
+	"\agateway\x18\x02 \x01(\tR\agateway\"_\n" +
+	"\tDNSConfig\x12 \n" +
+	"\vnameservers\x18\x01 \x03(\tR\vnameservers\x12\x16\n" +
+	"\x06search\x18\x02 \x03(\tR\x06search\x12\x18\n" +
+	"\aoptions\x18\x03 \x03(\tR\aoptions\":\n" +
+	"\x18ConfigureNetworkResponse\x12\x1e\n" +
+	"\n" +
+	"interfaces\x18\x01 \x03(\tR\n" +
+	"interfaces2\x8d\x0e\n" +
 	"\x05Agent\x12H\n" +
 	"\aVersion\x12\x1d.cube.agent.v1.VersionRequest\x1a\x1e.cube.agent.v1.VersionResponse\x12E\n" +
 	"\x06Health\x12\x1c.cube.agent.v1.HealthRequest\x1a\x1d.cube.agent.v1.HealthResponse\x12N\n" +
@@ -2355,7 +2690,8 @@ const file_agent_proto_rawDesc = "" +
 	"\fReseedRandom\x12\".cube.agent.v1.ReseedRandomRequest\x1a\x14.cube.agent.v1.Empty\x12K\n" +
 	"\bReadFile\x12\x1e.cube.agent.v1.ReadFileRequest\x1a\x1f.cube.agent.v1.ReadFileResponse\x12N\n" +
 	"\tWriteFile\x12\x1f.cube.agent.v1.WriteFileRequest\x1a .cube.agent.v1.WriteFileResponse\x12@\n" +
-	"\bPowerOff\x12\x1e.cube.agent.v1.PowerOffRequest\x1a\x14.cube.agent.v1.EmptyB<Z:github.com/cube-runtime/cube/guest-agent/protocol;protocolb\x06proto3"
+	"\bPowerOff\x12\x1e.cube.agent.v1.PowerOffRequest\x1a\x14.cube.agent.v1.Empty\x12c\n" +
+	"\x10ConfigureNetwork\x12&.cube.agent.v1.ConfigureNetworkRequest\x1a'.cube.agent.v1.ConfigureNetworkResponseB<Z:github.com/cube-runtime/cube/guest-agent/protocol;protocolb\x06proto3"
 
 var (
 	file_agent_proto_rawDescOnce sync.Once
@@ -2369,104 +2705,114 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_agent_proto_goTypes = []any{
-	(*Empty)(nil),                   // 0: cube.agent.v1.Empty
-	(*VersionRequest)(nil),          // 1: cube.agent.v1.VersionRequest
-	(*VersionResponse)(nil),         // 2: cube.agent.v1.VersionResponse
-	(*HealthRequest)(nil),           // 3: cube.agent.v1.HealthRequest
-	(*HealthResponse)(nil),          // 4: cube.agent.v1.HealthResponse
-	(*MountDiskRequest)(nil),        // 5: cube.agent.v1.MountDiskRequest
-	(*MountDiskResponse)(nil),       // 6: cube.agent.v1.MountDiskResponse
-	(*UnmountDiskRequest)(nil),      // 7: cube.agent.v1.UnmountDiskRequest
-	(*Stdio)(nil),                   // 8: cube.agent.v1.Stdio
-	(*CreateContainerRequest)(nil),  // 9: cube.agent.v1.CreateContainerRequest
-	(*CreateContainerResponse)(nil), // 10: cube.agent.v1.CreateContainerResponse
-	(*ExecProcessRequest)(nil),      // 11: cube.agent.v1.ExecProcessRequest
-	(*ExecProcessResponse)(nil),     // 12: cube.agent.v1.ExecProcessResponse
-	(*StartRequest)(nil),            // 13: cube.agent.v1.StartRequest
-	(*StartResponse)(nil),           // 14: cube.agent.v1.StartResponse
-	(*SignalRequest)(nil),           // 15: cube.agent.v1.SignalRequest
-	(*WaitRequest)(nil),             // 16: cube.agent.v1.WaitRequest
-	(*WaitResponse)(nil),            // 17: cube.agent.v1.WaitResponse
-	(*StateRequest)(nil),            // 18: cube.agent.v1.StateRequest
-	(*StateResponse)(nil),           // 19: cube.agent.v1.StateResponse
-	(*CloseStdinRequest)(nil),       // 20: cube.agent.v1.CloseStdinRequest
-	(*ResizePtyRequest)(nil),        // 21: cube.agent.v1.ResizePtyRequest
-	(*ListPidsRequest)(nil),         // 22: cube.agent.v1.ListPidsRequest
-	(*ListPidsResponse)(nil),        // 23: cube.agent.v1.ListPidsResponse
-	(*ListProcessesRequest)(nil),    // 24: cube.agent.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil),   // 25: cube.agent.v1.ListProcessesResponse
-	(*ProcessInfo)(nil),             // 26: cube.agent.v1.ProcessInfo
-	(*DeleteRequest)(nil),           // 27: cube.agent.v1.DeleteRequest
-	(*DeleteResponse)(nil),          // 28: cube.agent.v1.DeleteResponse
-	(*FreezeRequest)(nil),           // 29: cube.agent.v1.FreezeRequest
-	(*FreezeResponse)(nil),          // 30: cube.agent.v1.FreezeResponse
-	(*ThawRequest)(nil),             // 31: cube.agent.v1.ThawRequest
-	(*SetTimeRequest)(nil),          // 32: cube.agent.v1.SetTimeRequest
-	(*ReseedRandomRequest)(nil),     // 33: cube.agent.v1.ReseedRandomRequest
-	(*ReadFileRequest)(nil),         // 34: cube.agent.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),        // 35: cube.agent.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),        // 36: cube.agent.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),       // 37: cube.agent.v1.WriteFileResponse
-	(*PowerOffRequest)(nil),         // 38: cube.agent.v1.PowerOffRequest
+	(*Empty)(nil),                    // 0: cube.agent.v1.Empty
+	(*VersionRequest)(nil),           // 1: cube.agent.v1.VersionRequest
+	(*VersionResponse)(nil),          // 2: cube.agent.v1.VersionResponse
+	(*HealthRequest)(nil),            // 3: cube.agent.v1.HealthRequest
+	(*HealthResponse)(nil),           // 4: cube.agent.v1.HealthResponse
+	(*MountDiskRequest)(nil),         // 5: cube.agent.v1.MountDiskRequest
+	(*MountDiskResponse)(nil),        // 6: cube.agent.v1.MountDiskResponse
+	(*UnmountDiskRequest)(nil),       // 7: cube.agent.v1.UnmountDiskRequest
+	(*Stdio)(nil),                    // 8: cube.agent.v1.Stdio
+	(*CreateContainerRequest)(nil),   // 9: cube.agent.v1.CreateContainerRequest
+	(*CreateContainerResponse)(nil),  // 10: cube.agent.v1.CreateContainerResponse
+	(*ExecProcessRequest)(nil),       // 11: cube.agent.v1.ExecProcessRequest
+	(*ExecProcessResponse)(nil),      // 12: cube.agent.v1.ExecProcessResponse
+	(*StartRequest)(nil),             // 13: cube.agent.v1.StartRequest
+	(*StartResponse)(nil),            // 14: cube.agent.v1.StartResponse
+	(*SignalRequest)(nil),            // 15: cube.agent.v1.SignalRequest
+	(*WaitRequest)(nil),              // 16: cube.agent.v1.WaitRequest
+	(*WaitResponse)(nil),             // 17: cube.agent.v1.WaitResponse
+	(*StateRequest)(nil),             // 18: cube.agent.v1.StateRequest
+	(*StateResponse)(nil),            // 19: cube.agent.v1.StateResponse
+	(*CloseStdinRequest)(nil),        // 20: cube.agent.v1.CloseStdinRequest
+	(*ResizePtyRequest)(nil),         // 21: cube.agent.v1.ResizePtyRequest
+	(*ListPidsRequest)(nil),          // 22: cube.agent.v1.ListPidsRequest
+	(*ListPidsResponse)(nil),         // 23: cube.agent.v1.ListPidsResponse
+	(*ListProcessesRequest)(nil),     // 24: cube.agent.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),    // 25: cube.agent.v1.ListProcessesResponse
+	(*ProcessInfo)(nil),              // 26: cube.agent.v1.ProcessInfo
+	(*DeleteRequest)(nil),            // 27: cube.agent.v1.DeleteRequest
+	(*DeleteResponse)(nil),           // 28: cube.agent.v1.DeleteResponse
+	(*FreezeRequest)(nil),            // 29: cube.agent.v1.FreezeRequest
+	(*FreezeResponse)(nil),           // 30: cube.agent.v1.FreezeResponse
+	(*ThawRequest)(nil),              // 31: cube.agent.v1.ThawRequest
+	(*SetTimeRequest)(nil),           // 32: cube.agent.v1.SetTimeRequest
+	(*ReseedRandomRequest)(nil),      // 33: cube.agent.v1.ReseedRandomRequest
+	(*ReadFileRequest)(nil),          // 34: cube.agent.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),         // 35: cube.agent.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),         // 36: cube.agent.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),        // 37: cube.agent.v1.WriteFileResponse
+	(*PowerOffRequest)(nil),          // 38: cube.agent.v1.PowerOffRequest
+	(*ConfigureNetworkRequest)(nil),  // 39: cube.agent.v1.ConfigureNetworkRequest
+	(*NetInterface)(nil),             // 40: cube.agent.v1.NetInterface
+	(*NetRoute)(nil),                 // 41: cube.agent.v1.NetRoute
+	(*DNSConfig)(nil),                // 42: cube.agent.v1.DNSConfig
+	(*ConfigureNetworkResponse)(nil), // 43: cube.agent.v1.ConfigureNetworkResponse
 }
 var file_agent_proto_depIdxs = []int32{
 	8,  // 0: cube.agent.v1.CreateContainerRequest.stdio:type_name -> cube.agent.v1.Stdio
 	8,  // 1: cube.agent.v1.ExecProcessRequest.stdio:type_name -> cube.agent.v1.Stdio
 	26, // 2: cube.agent.v1.ListProcessesResponse.processes:type_name -> cube.agent.v1.ProcessInfo
 	8,  // 3: cube.agent.v1.ProcessInfo.stdio:type_name -> cube.agent.v1.Stdio
-	1,  // 4: cube.agent.v1.Agent.Version:input_type -> cube.agent.v1.VersionRequest
-	3,  // 5: cube.agent.v1.Agent.Health:input_type -> cube.agent.v1.HealthRequest
-	5,  // 6: cube.agent.v1.Agent.MountDisk:input_type -> cube.agent.v1.MountDiskRequest
-	7,  // 7: cube.agent.v1.Agent.UnmountDisk:input_type -> cube.agent.v1.UnmountDiskRequest
-	9,  // 8: cube.agent.v1.Agent.CreateContainer:input_type -> cube.agent.v1.CreateContainerRequest
-	11, // 9: cube.agent.v1.Agent.ExecProcess:input_type -> cube.agent.v1.ExecProcessRequest
-	13, // 10: cube.agent.v1.Agent.Start:input_type -> cube.agent.v1.StartRequest
-	15, // 11: cube.agent.v1.Agent.Signal:input_type -> cube.agent.v1.SignalRequest
-	16, // 12: cube.agent.v1.Agent.Wait:input_type -> cube.agent.v1.WaitRequest
-	18, // 13: cube.agent.v1.Agent.State:input_type -> cube.agent.v1.StateRequest
-	20, // 14: cube.agent.v1.Agent.CloseStdin:input_type -> cube.agent.v1.CloseStdinRequest
-	21, // 15: cube.agent.v1.Agent.ResizePty:input_type -> cube.agent.v1.ResizePtyRequest
-	22, // 16: cube.agent.v1.Agent.ListPids:input_type -> cube.agent.v1.ListPidsRequest
-	24, // 17: cube.agent.v1.Agent.ListProcesses:input_type -> cube.agent.v1.ListProcessesRequest
-	27, // 18: cube.agent.v1.Agent.Delete:input_type -> cube.agent.v1.DeleteRequest
-	0,  // 19: cube.agent.v1.Agent.SyncFilesystems:input_type -> cube.agent.v1.Empty
-	29, // 20: cube.agent.v1.Agent.FreezeFilesystems:input_type -> cube.agent.v1.FreezeRequest
-	31, // 21: cube.agent.v1.Agent.ThawFilesystems:input_type -> cube.agent.v1.ThawRequest
-	32, // 22: cube.agent.v1.Agent.SetTime:input_type -> cube.agent.v1.SetTimeRequest
-	33, // 23: cube.agent.v1.Agent.ReseedRandom:input_type -> cube.agent.v1.ReseedRandomRequest
-	34, // 24: cube.agent.v1.Agent.ReadFile:input_type -> cube.agent.v1.ReadFileRequest
-	36, // 25: cube.agent.v1.Agent.WriteFile:input_type -> cube.agent.v1.WriteFileRequest
-	38, // 26: cube.agent.v1.Agent.PowerOff:input_type -> cube.agent.v1.PowerOffRequest
-	2,  // 27: cube.agent.v1.Agent.Version:output_type -> cube.agent.v1.VersionResponse
-	4,  // 28: cube.agent.v1.Agent.Health:output_type -> cube.agent.v1.HealthResponse
-	6,  // 29: cube.agent.v1.Agent.MountDisk:output_type -> cube.agent.v1.MountDiskResponse
-	0,  // 30: cube.agent.v1.Agent.UnmountDisk:output_type -> cube.agent.v1.Empty
-	10, // 31: cube.agent.v1.Agent.CreateContainer:output_type -> cube.agent.v1.CreateContainerResponse
-	12, // 32: cube.agent.v1.Agent.ExecProcess:output_type -> cube.agent.v1.ExecProcessResponse
-	14, // 33: cube.agent.v1.Agent.Start:output_type -> cube.agent.v1.StartResponse
-	0,  // 34: cube.agent.v1.Agent.Signal:output_type -> cube.agent.v1.Empty
-	17, // 35: cube.agent.v1.Agent.Wait:output_type -> cube.agent.v1.WaitResponse
-	19, // 36: cube.agent.v1.Agent.State:output_type -> cube.agent.v1.StateResponse
-	0,  // 37: cube.agent.v1.Agent.CloseStdin:output_type -> cube.agent.v1.Empty
-	0,  // 38: cube.agent.v1.Agent.ResizePty:output_type -> cube.agent.v1.Empty
-	23, // 39: cube.agent.v1.Agent.ListPids:output_type -> cube.agent.v1.ListPidsResponse
-	25, // 40: cube.agent.v1.Agent.ListProcesses:output_type -> cube.agent.v1.ListProcessesResponse
-	28, // 41: cube.agent.v1.Agent.Delete:output_type -> cube.agent.v1.DeleteResponse
-	0,  // 42: cube.agent.v1.Agent.SyncFilesystems:output_type -> cube.agent.v1.Empty
-	30, // 43: cube.agent.v1.Agent.FreezeFilesystems:output_type -> cube.agent.v1.FreezeResponse
-	0,  // 44: cube.agent.v1.Agent.ThawFilesystems:output_type -> cube.agent.v1.Empty
-	0,  // 45: cube.agent.v1.Agent.SetTime:output_type -> cube.agent.v1.Empty
-	0,  // 46: cube.agent.v1.Agent.ReseedRandom:output_type -> cube.agent.v1.Empty
-	35, // 47: cube.agent.v1.Agent.ReadFile:output_type -> cube.agent.v1.ReadFileResponse
-	37, // 48: cube.agent.v1.Agent.WriteFile:output_type -> cube.agent.v1.WriteFileResponse
-	0,  // 49: cube.agent.v1.Agent.PowerOff:output_type -> cube.agent.v1.Empty
-	27, // [27:50] is the sub-list for method output_type
-	4,  // [4:27] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	40, // 4: cube.agent.v1.ConfigureNetworkRequest.interfaces:type_name -> cube.agent.v1.NetInterface
+	42, // 5: cube.agent.v1.ConfigureNetworkRequest.dns:type_name -> cube.agent.v1.DNSConfig
+	41, // 6: cube.agent.v1.NetInterface.routes:type_name -> cube.agent.v1.NetRoute
+	1,  // 7: cube.agent.v1.Agent.Version:input_type -> cube.agent.v1.VersionRequest
+	3,  // 8: cube.agent.v1.Agent.Health:input_type -> cube.agent.v1.HealthRequest
+	5,  // 9: cube.agent.v1.Agent.MountDisk:input_type -> cube.agent.v1.MountDiskRequest
+	7,  // 10: cube.agent.v1.Agent.UnmountDisk:input_type -> cube.agent.v1.UnmountDiskRequest
+	9,  // 11: cube.agent.v1.Agent.CreateContainer:input_type -> cube.agent.v1.CreateContainerRequest
+	11, // 12: cube.agent.v1.Agent.ExecProcess:input_type -> cube.agent.v1.ExecProcessRequest
+	13, // 13: cube.agent.v1.Agent.Start:input_type -> cube.agent.v1.StartRequest
+	15, // 14: cube.agent.v1.Agent.Signal:input_type -> cube.agent.v1.SignalRequest
+	16, // 15: cube.agent.v1.Agent.Wait:input_type -> cube.agent.v1.WaitRequest
+	18, // 16: cube.agent.v1.Agent.State:input_type -> cube.agent.v1.StateRequest
+	20, // 17: cube.agent.v1.Agent.CloseStdin:input_type -> cube.agent.v1.CloseStdinRequest
+	21, // 18: cube.agent.v1.Agent.ResizePty:input_type -> cube.agent.v1.ResizePtyRequest
+	22, // 19: cube.agent.v1.Agent.ListPids:input_type -> cube.agent.v1.ListPidsRequest
+	24, // 20: cube.agent.v1.Agent.ListProcesses:input_type -> cube.agent.v1.ListProcessesRequest
+	27, // 21: cube.agent.v1.Agent.Delete:input_type -> cube.agent.v1.DeleteRequest
+	0,  // 22: cube.agent.v1.Agent.SyncFilesystems:input_type -> cube.agent.v1.Empty
+	29, // 23: cube.agent.v1.Agent.FreezeFilesystems:input_type -> cube.agent.v1.FreezeRequest
+	31, // 24: cube.agent.v1.Agent.ThawFilesystems:input_type -> cube.agent.v1.ThawRequest
+	32, // 25: cube.agent.v1.Agent.SetTime:input_type -> cube.agent.v1.SetTimeRequest
+	33, // 26: cube.agent.v1.Agent.ReseedRandom:input_type -> cube.agent.v1.ReseedRandomRequest
+	34, // 27: cube.agent.v1.Agent.ReadFile:input_type -> cube.agent.v1.ReadFileRequest
+	36, // 28: cube.agent.v1.Agent.WriteFile:input_type -> cube.agent.v1.WriteFileRequest
+	38, // 29: cube.agent.v1.Agent.PowerOff:input_type -> cube.agent.v1.PowerOffRequest
+	39, // 30: cube.agent.v1.Agent.ConfigureNetwork:input_type -> cube.agent.v1.ConfigureNetworkRequest
+	2,  // 31: cube.agent.v1.Agent.Version:output_type -> cube.agent.v1.VersionResponse
+	4,  // 32: cube.agent.v1.Agent.Health:output_type -> cube.agent.v1.HealthResponse
+	6,  // 33: cube.agent.v1.Agent.MountDisk:output_type -> cube.agent.v1.MountDiskResponse
+	0,  // 34: cube.agent.v1.Agent.UnmountDisk:output_type -> cube.agent.v1.Empty
+	10, // 35: cube.agent.v1.Agent.CreateContainer:output_type -> cube.agent.v1.CreateContainerResponse
+	12, // 36: cube.agent.v1.Agent.ExecProcess:output_type -> cube.agent.v1.ExecProcessResponse
+	14, // 37: cube.agent.v1.Agent.Start:output_type -> cube.agent.v1.StartResponse
+	0,  // 38: cube.agent.v1.Agent.Signal:output_type -> cube.agent.v1.Empty
+	17, // 39: cube.agent.v1.Agent.Wait:output_type -> cube.agent.v1.WaitResponse
+	19, // 40: cube.agent.v1.Agent.State:output_type -> cube.agent.v1.StateResponse
+	0,  // 41: cube.agent.v1.Agent.CloseStdin:output_type -> cube.agent.v1.Empty
+	0,  // 42: cube.agent.v1.Agent.ResizePty:output_type -> cube.agent.v1.Empty
+	23, // 43: cube.agent.v1.Agent.ListPids:output_type -> cube.agent.v1.ListPidsResponse
+	25, // 44: cube.agent.v1.Agent.ListProcesses:output_type -> cube.agent.v1.ListProcessesResponse
+	28, // 45: cube.agent.v1.Agent.Delete:output_type -> cube.agent.v1.DeleteResponse
+	0,  // 46: cube.agent.v1.Agent.SyncFilesystems:output_type -> cube.agent.v1.Empty
+	30, // 47: cube.agent.v1.Agent.FreezeFilesystems:output_type -> cube.agent.v1.FreezeResponse
+	0,  // 48: cube.agent.v1.Agent.ThawFilesystems:output_type -> cube.agent.v1.Empty
+	0,  // 49: cube.agent.v1.Agent.SetTime:output_type -> cube.agent.v1.Empty
+	0,  // 50: cube.agent.v1.Agent.ReseedRandom:output_type -> cube.agent.v1.Empty
+	35, // 51: cube.agent.v1.Agent.ReadFile:output_type -> cube.agent.v1.ReadFileResponse
+	37, // 52: cube.agent.v1.Agent.WriteFile:output_type -> cube.agent.v1.WriteFileResponse
+	0,  // 53: cube.agent.v1.Agent.PowerOff:output_type -> cube.agent.v1.Empty
+	43, // 54: cube.agent.v1.Agent.ConfigureNetwork:output_type -> cube.agent.v1.ConfigureNetworkResponse
+	31, // [31:55] is the sub-list for method output_type
+	7,  // [7:31] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2480,7 +2826,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   39,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -31,6 +31,7 @@ type AgentService interface {
 	ReadFile(context.Context, *ReadFileRequest) (*ReadFileResponse, error)
 	WriteFile(context.Context, *WriteFileRequest) (*WriteFileResponse, error)
 	PowerOff(context.Context, *PowerOffRequest) (*Empty, error)
+	ConfigureNetwork(context.Context, *ConfigureNetworkRequest) (*ConfigureNetworkResponse, error)
 }
 
 func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
@@ -196,6 +197,13 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.PowerOff(ctx, &req)
+			},
+			"ConfigureNetwork": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ConfigureNetworkRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ConfigureNetwork(ctx, &req)
 			},
 		},
 	})
@@ -390,6 +398,14 @@ func (c *agentClient) WriteFile(ctx context.Context, req *WriteFileRequest) (*Wr
 func (c *agentClient) PowerOff(ctx context.Context, req *PowerOffRequest) (*Empty, error) {
 	var resp Empty
 	if err := c.client.Call(ctx, "cube.agent.v1.Agent", "PowerOff", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) ConfigureNetwork(ctx context.Context, req *ConfigureNetworkRequest) (*ConfigureNetworkResponse, error) {
+	var resp ConfigureNetworkResponse
+	if err := c.client.Call(ctx, "cube.agent.v1.Agent", "ConfigureNetwork", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

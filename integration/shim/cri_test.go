@@ -51,6 +51,10 @@ disabled_plugins = [
 
 [plugins."io.containerd.cri.v1.images".pinned_images]
   sandbox = "` + pauseImageRef + `"
+
+[plugins."io.containerd.cri.v1.runtime".cni]
+  bin_dirs = ["` + criCNIBinDir + `"]
+  conf_dir = "%[1]s/net.d"
 `
 
 // A host-network pod (no CNI needed) with the pod's pid namespace per
@@ -75,6 +79,9 @@ type criEnv struct {
 	t   *testing.T
 	dir string
 	env []string
+	// podNet: the CNI plugins are in the test host and containerd has their
+	// config (criPodNetwork), so pods may have a network of their own.
+	podNet bool
 }
 
 func (c *criEnv) run(bin string, args ...string) (string, error) {
@@ -161,6 +168,8 @@ func startCRI(t *testing.T) *criEnv {
 		t.Fatalf("loopback up: %v: %s", err, out)
 	}
 
+	// Ordering: the CNI config is in place before containerd starts (its CRI loads it then).
+	c.podNet = criPodNetwork(t, c)
 	writeShimConfig(t, dir)
 	if err := os.MkdirAll(filepath.Dir(criSnapshotterSock), 0o755); err != nil {
 		t.Fatal(err)
@@ -246,7 +255,9 @@ func checkPodLoopback(t *testing.T, c *criEnv, a, b string) {
 }
 
 // TestCRIPodTwoContainersOneVM is the Kubernetes path: `crictl runp` with
-// the contrib config's `cube` runtime handler, then two containers created
+// the contrib config's `cube` runtime handler (a pod with its own CNI network
+// — bridge + host-local — when the plugins are in the test host: see
+// checkPodNetwork; else host-network), then two containers created
 // and started in the pod. All three (pause and two app containers) share
 // one VM; each app container's rootfs is a drive slot re-pointed at its
 // image (cube-vmm disk-set); `crictl exec` (streaming and sync) reaches each
@@ -268,8 +279,16 @@ func TestCRIPodTwoContainersOneVM(t *testing.T) {
 		t.Fatalf("cube-vmm already running before the pod: %v", pids)
 	}
 
+	// With the CNI plugins the pod has its own network (the VM's NIC, tc-redirected to CNI's veth),
+	// else it is host-network.
+	netMode := func(config string) string {
+		if c.podNet {
+			return withPodNetwork(config)
+		}
+		return config
+	}
 	podJSON := filepath.Join(c.dir, "pod.json")
-	os.WriteFile(podJSON, fmt.Appendf(nil, criPodConfig, filepath.Join(c.dir, "podlogs")), 0o644)
+	os.WriteFile(podJSON, fmt.Appendf(nil, netMode(criPodConfig), filepath.Join(c.dir, "podlogs")), 0o644)
 	start := time.Now()
 	out, err := c.crictl("runp", "--runtime", "cube", podJSON)
 	if err != nil {
@@ -288,7 +307,7 @@ func TestCRIPodTwoContainersOneVM(t *testing.T) {
 	createStart := func(name string) string {
 		t.Helper()
 		cj := filepath.Join(c.dir, name+".json")
-		os.WriteFile(cj, fmt.Appendf(nil, criContainerConfig, name, imageRef), 0o644)
+		os.WriteFile(cj, fmt.Appendf(nil, netMode(criContainerConfig), name, imageRef), 0o644)
 		start := time.Now()
 		out, err := c.crictl("create", pod, cj, podJSON)
 		if err != nil {
@@ -361,6 +380,9 @@ func TestCRIPodTwoContainersOneVM(t *testing.T) {
 		t.Errorf("rootfs devices %v: want two distinct slots besides vda", devs)
 	}
 	checkPodLoopback(t, c, ids["c1"], ids["c2"])
+	if c.podNet {
+		checkPodNetwork(t, c, pod, ids["c1"], ids["c2"])
+	}
 	// A removed container's slot goes back to its stub and is taken by the
 	// next one: same device, another image (a stale cached block of c1's
 	// image would show here as c1's /tmp/me).
@@ -400,6 +422,9 @@ func TestCRIPodTwoContainersOneVM(t *testing.T) {
 		}
 		if now := sockets(); len(now) > len(socketsBefore) {
 			left = append(left, fmt.Sprintf("shim sockets %v (before the pod: %v)", now, socketsBefore))
+		}
+		if c.podNet {
+			left = append(left, podNetworkLeftovers()...)
 		}
 		if len(left) == 0 || time.Now().After(deadline) {
 			break

@@ -75,6 +75,13 @@ func TestMain(m *testing.M) {
 			env.Files[dst] = p
 		}
 	}
+	// CNI plugins for the CRI pod's network (Debian's containernetworking-plugins, installed by
+	// .ci/install.d/containerd.sh); without them the CRI test's pod is host-network and says so.
+	for _, name := range criCNIPlugins {
+		if p := filepath.Join("/usr/lib/cni", name); fileExists(p) {
+			env.Files[filepath.Join(criCNIBinDir, name)] = p
+		}
+	}
 	var envs []string
 	if v := os.Getenv("CUBE_E2E_VMM_KILL"); v != "" {
 		envs = append(envs, "CUBE_E2E_VMM_KILL="+v) // =running: TestCtrVMMKilled kills a running VMM
@@ -85,8 +92,9 @@ func TestMain(m *testing.M) {
 		Files:   env.Files,
 		// The snapshotter makes ext4 images; containerd's diff applier
 		// loop-mounts them to unpack layers.
-		Tools:   []string{"mkfs.ext4", "debugfs"},
-		Modules: []string{"loop", "overlay"},
+		Tools: []string{"mkfs.ext4", "debugfs"},
+		// CRI pod networking: veth + bridge (CNI's bridge plugin), the VM's tap and the tc redirects.
+		Modules: []string{"loop", "overlay", "tun", "veth", "bridge", "sch_ingress", "cls_u32", "act_mirred"},
 	})
 	env.Close() // not deferred: os.Exit skips deferred calls
 	os.Exit(code)
@@ -105,3 +113,5 @@ func writeImageTar(env *sandboxenv.Env) error {
 	env.Files[imageTar] = p
 	return nil
 }
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }

@@ -85,6 +85,9 @@ type AgentClient interface {
 	// forces a CRNG reseed, so VMs restored from one template differ.
 	ReseedRandom(ctx context.Context, entropy []byte) error
 	PowerOff(ctx context.Context) error
+	// ConfigureNetwork has the agent configure the guest's interfaces (found
+	// by MAC) and resolv.conf; idempotent.
+	ConfigureNetwork(ctx context.Context, c NetworkConfig) error
 	// WriteFile writes data as the guest file path (absolute, in the guest's
 	// own root), creating parent directories; mode 0 means 0644.
 	WriteFile(ctx context.Context, path string, data []byte, mode uint32) error

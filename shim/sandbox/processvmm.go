@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/sirupsen/logrus"
 
 	"github.com/cube-runtime/cube/hypervisor/control"
@@ -25,7 +26,7 @@ import (
 // command line it builds (docs/shim.md, "cube-vmm contract"):
 //
 //	cube-vmm -kernel K [-initrd I] -cmdline C -memory M -vcpus N
-//	  [-disk P,serial=S[,ro]]... -vsock U -vsock-cid CID
+//	  [-disk P,serial=S[,ro]]... [-net fd=N,mac=M]... -vsock U -vsock-cid CID
 //	  -control S -console F -console-input none
 //
 // and, for a sandbox started from a template snapshot (machine shape, kernel and disks come from it):
@@ -72,6 +73,7 @@ func Args(cfg VMConfig) []string {
 		}
 		a = append(a, "-disk", v)
 	}
+	a = append(a, netArgs(cfg.Nets)...)
 	a = append(a,
 		"-vsock", cfg.VsockPath,
 		"-vsock-cid", strconv.FormatUint(uint64(cfg.GuestCID), 10),
@@ -109,6 +111,14 @@ func (v *ProcessVMM) Start(ctx context.Context, cfg VMConfig) error {
 			return err
 		}
 	}
+	if len(cfg.Nets) > 0 && cfg.Template != "" {
+		return fmt.Errorf("a template restore cannot add net devices: %w", errdefs.ErrInvalidArgument)
+	}
+	for i, n := range cfg.Nets {
+		if err := validateNIC(i, n); err != nil {
+			return err
+		}
+	}
 	if v.Log == nil {
 		v.Log = logrus.NewEntry(logrus.StandardLogger())
 	}
@@ -123,6 +133,9 @@ func (v *ProcessVMM) Start(ctx context.Context, cfg VMConfig) error {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	logw := v.Log.WithField("vmm", bin).WriterLevel(logrus.InfoLevel)
 	cmd.Stdout, cmd.Stderr = logw, logw
+	for _, n := range cfg.Nets {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, n.Tap) // fd 3+i: netArgs
+	}
 	if err := cmd.Start(); err != nil {
 		logw.Close()
 		return fmt.Errorf("start %s: %w", bin, err)

@@ -196,6 +196,13 @@ func TestArgsParseWithTheRealVMM(t *testing.T) {
 	if rc := vmmcmd.Run(append(Args(cfg), "-help"), strings.NewReader(""), io.Discard, &stderr); rc != 0 {
 		t.Fatalf("cube-vmm rejects the shim's flags (rc %d): %s", rc, stderr.String())
 	}
+	// A CRI pod's NIC: -net fd=3,mac=… (the tap itself is checked when the VM is made, after -help stops it).
+	netCfg := cfg
+	netCfg.Nets = []NIC{{Tap: os.Stdin, MAC: "02:42:0a:58:00:05"}}
+	stderr.Reset()
+	if rc := vmmcmd.Run(append(Args(netCfg), "-help"), strings.NewReader(""), io.Discard, &stderr); rc != 0 {
+		t.Fatalf("cube-vmm rejects the shim's -net flag (rc %d): %s", rc, stderr.String())
+	}
 	// Template restore: "cube-vmm restore" must accept every flag (a -help before the directory stops it).
 	cfg.Template = "/tpl"
 	args := Args(cfg)

@@ -78,7 +78,11 @@ type Options struct {
 	Dial        AgentDialer
 	// Cgroup the VMM was placed in by the VMM implementation; removed at Stop.
 	Cgroup string
-	Log    *logrus.Entry
+	// Network, when set, connects the VM to the host (a CRI pod's CNI
+	// network namespace): attached before the VMM starts, configured in the
+	// guest before Start returns, detached when the VM is gone.
+	Network Network
+	Log     *logrus.Entry
 }
 
 // Sandbox is one VM and its agent connection.
@@ -203,7 +207,19 @@ func (s *Sandbox) Start(ctx context.Context, firstImage, firstOwner string) (ret
 		GuestCID:    3,
 		Template:    s.o.Template,
 	}
-	if err := s.o.VMM.Start(ctx, cfg); err != nil {
+	// Ordering: the network is attached before the VMM starts (it inherits
+	// the taps) and configured in the guest before Start returns, so before
+	// the first container exists.
+	netAtt, err := s.attachNetwork(ctx)
+	if err != nil {
+		return err
+	}
+	if netAtt != nil {
+		cfg.Nets = netAtt.NICs
+	}
+	err = s.o.VMM.Start(ctx, cfg)
+	closeTaps(netAtt)
+	if err != nil {
 		return fmt.Errorf("sandbox %s: start vmm: %w", s.o.ID, err)
 	}
 	go s.supervise()
@@ -216,6 +232,10 @@ func (s *Sandbox) Start(ctx context.Context, firstImage, firstOwner string) (ret
 			agent.Close()
 			return fmt.Errorf("sandbox %s: after restoring template %s: %w", s.o.ID, s.o.Template, err)
 		}
+	}
+	if err := configureGuestNetwork(ctx, agent, netAtt); err != nil {
+		agent.Close()
+		return fmt.Errorf("sandbox %s: %w", s.o.ID, err)
 	}
 	s.mu.Lock()
 	s.agent = agent
@@ -317,6 +337,9 @@ func (s *Sandbox) teardown(unexpected bool) {
 			<-w
 		}
 	}
+	// Ordering: the VMM is gone, so the taps are too; then the tc rules on
+	// the CNI interface that pointed at them.
+	s.detachNetwork()
 	if err := os.RemoveAll(s.o.Dir); err != nil {
 		s.o.Log.WithError(err).Warn("remove sandbox state dir")
 	}

@@ -35,6 +35,9 @@ type VMConfig struct {
 	GuestCID uint32
 	// Template, when set, is a snapshot directory to restore instead of booting.
 	Template string
+	// Nets are the VM's virtio-net devices, in order: the VMM inherits each
+	// tap fd (cube-vmm -net fd=N,mac=M, N = 3 + index).
+	Nets []NIC
 }
 
 // VMExit is how the VMM process ended.

@@ -59,8 +59,11 @@ type specEnv struct {
 	// sandboxGuestPid is the guest pid of the sandbox (pause) container's
 	// init, 0 when this shim does not run it.
 	sandboxGuestPid uint32
-	files           guestFileWriter
-	log             logrus.FieldLogger
+	// guestNetwork: the VM has a NIC from the host (a CRI pod's CNI
+	// network), configured in the guest's initial network namespace.
+	guestNetwork bool
+	files        guestFileWriter
+	log          logrus.FieldLogger
 }
 
 // guestSpec returns raw (a spec already carrying the guest root) with host
@@ -96,6 +99,7 @@ func guestSpec(ctx context.Context, raw []byte, env specEnv) ([]byte, error) {
 			if err := json.Unmarshal(n, &nss); err != nil {
 				return nil, fmt.Errorf("parse OCI spec namespaces: %v: %w", err, errdefs.ErrInvalidArgument)
 			}
+			nss = shareGuestNetwork(nss, env)
 			for i := range nss {
 				if err := guestNamespace(&nss[i], env); err != nil {
 					return nil, err
@@ -175,7 +179,7 @@ func guestNamespace(ns *specs.LinuxNamespace, env specEnv) error {
 		// A host network namespace (CNI's) cannot be entered from the guest;
 		// the pod's containers share a fresh one inside the VM instead.
 		if env.log != nil {
-			env.log.WithField("path", ns.Path).Warn("host network namespace ignored: the pod gets its own network namespace in the VM (no pod networking yet)")
+			env.log.WithField("path", ns.Path).Warn("host network namespace ignored: the VM has no NIC from it, so the pod gets its own network namespace in the VM (loopback only)")
 		}
 		ns.Path = ""
 		return nil
@@ -186,11 +190,33 @@ func guestNamespace(ns *specs.LinuxNamespace, env specEnv) error {
 
 // translateSpec is guestSpec for container id of sandbox sandboxID in sb.
 func (s *Service) translateSpec(ctx context.Context, sb *sandbox.Sandbox, id, sandboxID string, raw []byte) ([]byte, error) {
-	env := specEnv{containerID: id, vmmPid: sb.Pid(), files: sb.Agent(), log: s.o.Log.WithField("container", id)}
+	env := specEnv{containerID: id, vmmPid: sb.Pid(), files: sb.Agent(), guestNetwork: sb.HasNetwork(), log: s.o.Log.WithField("container", id)}
 	s.mu.Lock()
 	if c := s.containers[sandboxID]; c != nil && c.init != nil && sandboxID != id {
 		env.sandboxGuestPid = c.init.GuestPid()
 	}
 	s.mu.Unlock()
 	return guestSpec(ctx, raw, env)
+}
+
+// shareGuestNetwork drops a host network namespace path (CNI's) from nss
+// when the VM has the pod's network: the agent configured the NIC in the
+// guest's initial network namespace, so the sandbox container stays in it
+// (as a host-network pod's does) and the pod's other containers, which join
+// the sandbox container's namespace (/proc/<VMM pid>/ns/net), share it.
+// Without a network from the host, guestNamespace gives the pod a fresh
+// namespace of its own instead (loopback only).
+func shareGuestNetwork(nss []specs.LinuxNamespace, env specEnv) []specs.LinuxNamespace {
+	if !env.guestNetwork {
+		return nss
+	}
+	return slices.DeleteFunc(nss, func(ns specs.LinuxNamespace) bool {
+		if ns.Type != specs.NetworkNamespace || ns.Path == "" || procNSPath.MatchString(ns.Path) {
+			return false
+		}
+		if env.log != nil {
+			env.log.WithField("path", ns.Path).Debug("host network namespace replaced by the guest's, where the pod's NIC is")
+		}
+		return true
+	})
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/cube-runtime/cube/shim/config"
+	"github.com/cube-runtime/cube/shim/podnet"
 	"github.com/cube-runtime/cube/shim/process"
 	"github.com/cube-runtime/cube/shim/sandbox"
 )
@@ -134,14 +135,29 @@ func ProcessSandboxFactory(ns string, log *logrus.Entry) SandboxFactory {
 		}
 		cg := vmmCgroup(cfg, id, spec, log)
 		vmm := &sandbox.ProcessVMM{Binary: cfg.VMM, Cgroup: cg, Log: log.WithField("sandbox", id)}
+		network, err := sandboxNetwork(spec, log.WithField("sandbox", id))
+		if err != nil {
+			return nil, err
+		}
 		return sandbox.New(sandbox.Options{
 			ID: id, Dir: SandboxDir(cfg.StateDir, ns, id),
 			Kernel: cfg.Kernel, Initrd: cfg.Initrd, Cmdline: cfg.Cmdline,
 			MemoryMiB: cfg.MemoryMiB, VCPUs: cfg.VCPUs, DiskSlots: int(cfg.DiskSlots),
 			Template: cfg.Template, BootTimeout: to.Boot,
 			VMM: vmm, Dial: sandbox.DialAgentTimeout(to.Agent), Cgroup: cg, Log: log.WithField("sandbox", id),
+			Network: network,
 		})
 	}
+}
+
+// sandboxNetwork is the VM's network from the host: a CRI pod's CNI
+// namespace (shim/podnet), or none (nil interface, not a nil *podnet.Network).
+func sandboxNetwork(spec *specs.Spec, log *logrus.Entry) (sandbox.Network, error) {
+	n, err := podnet.FromSpec(spec, log)
+	if err != nil || n == nil {
+		return nil, err
+	}
+	return n, nil
 }
 
 // vmmCgroup picks the cgroup for the VMM: the container spec's cgroupsPath

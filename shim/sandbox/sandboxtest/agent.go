@@ -41,6 +41,9 @@ type Agent struct {
 	// resetCh is closed (and replaced) by Restore: the transport reset
 	// that ends the Waits pending on the connections of before.
 	resetCh chan struct{}
+	// NetworkErr, when set, is ConfigureNetwork's answer.
+	NetworkErr error
+	networks   []sandbox.NetworkConfig
 }
 
 type fakeFile struct {
