@@ -15,7 +15,7 @@ import (
 // setupRootfs runs in the helper, inside the container's fresh mount
 // namespace. Order binds: propagation before any mount (so nothing leaks to
 // the agent's namespace), spec mounts before devices (a /dev tmpfs would
-// hide them), pivot_root before masked/readonly paths and sysctls (those
+// hide them), pivot_root before sysctls and masked/readonly paths (those
 // paths are container paths).
 func setupRootfs(rootfs string, spec *specs.Spec) error {
 	if rootfs == "" {
@@ -65,6 +65,15 @@ func setupRootfs(rootfs string, spec *specs.Spec) error {
 			return fmt.Errorf("set rootfs propagation %s: %w", p, err)
 		}
 	}
+	// Ordering: sysctls before the masked and read-only paths, as runc
+	// does: /proc/sys is among CRI's read-only paths, and a pod with a
+	// network of its own gets net.* sysctls (ip_unprivileged_port_start).
+	for k, v := range spec.Linux.Sysctl {
+		p := "/proc/sys/" + strings.ReplaceAll(k, ".", "/")
+		if err := os.WriteFile(p, []byte(v), 0); err != nil {
+			return fmt.Errorf("sysctl %s=%s: %w", k, v, err)
+		}
+	}
 	for _, p := range spec.Linux.MaskedPaths {
 		if err := maskPath(p); err != nil {
 			return err
@@ -73,12 +82,6 @@ func setupRootfs(rootfs string, spec *specs.Spec) error {
 	for _, p := range spec.Linux.ReadonlyPaths {
 		if err := readonlyPath(p); err != nil {
 			return err
-		}
-	}
-	for k, v := range spec.Linux.Sysctl {
-		p := "/proc/sys/" + strings.ReplaceAll(k, ".", "/")
-		if err := os.WriteFile(p, []byte(v), 0); err != nil {
-			return fmt.Errorf("sysctl %s=%s: %w", k, v, err)
 		}
 	}
 	if spec.Root != nil && spec.Root.Readonly {
