@@ -122,7 +122,7 @@ func checkPodNetwork(t *testing.T, c *criEnv, pod, a, b string) {
 	go srv.Serve(l)
 	defer srv.Close()
 	url := fmt.Sprintf("http://%s/", l.Addr())
-	got, err = c.crictl("exec", "-s", b, "busybox", "wget", "-q", "-T", "10", "-O", "-", url)
+	got, err = c.crictl("exec", "-s", b, "sh", "-c", "busybox wget -q -O - "+url+" 2>&1")
 	if err != nil || !strings.Contains(got, "hello-from-the-test-host to "+ip+":") {
 		t.Errorf("container b fetching %s: %q %v, want the test host's answer to %s", url, got, err, ip)
 	} else {
