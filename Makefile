@@ -60,7 +60,9 @@ snapshot-proto:
 	PATH="$$PATH:$$($(GO) env GOPATH)/bin" $(GO) generate ./shim/snapshotapi
 
 # Unit tier (no root, no KVM) and host-KVM tier (tiny synthetic guests on this machine's /dev/kvm; those tests
-# skip with a message when it is absent). -short keeps the test host and the slow root tests out.
+# skip with a message when it is absent or PVM, and run for real inside the test host: integration/kvm builds
+# the hypervisor packages' test binaries and runs them there, failing on such a skip). -short keeps the test
+# host and the slow root tests out.
 test-unit: vet
 	$(GO) test -short -count=1 ./...
 

@@ -39,7 +39,8 @@ Flags:
 
 ` + globalHelp + `
 Prints how the memory came back (rewrite-dirty: only the pages written since
-the snapshot, when it is the VM's parent; remap: the mappings replaced), how
+the snapshot, when it is the VM's parent; rewrite-diff: also the pages of the
+memory layers the two do not share; rewrite-all: every page), how
 long the vCPUs were stopped, the whole rollback's time, and each process's
 fate (reattached, revived, ended, unchanged, unknown: a process the guest
 runs that containerd deleted after the snapshot).
@@ -115,7 +116,7 @@ func printRolledBack(w io.Writer, rb snapshots.RolledBack) {
 	row("snapshot", "%s (%s)", s.ID, orDash(strings.Join(s.Names, ", ")))
 	row("sandbox", "%s (vmm pid %d)", s.Sandbox, vm.GetVmmPid())
 	mem := vm.GetMemory()
-	if mem == "rewrite-dirty" {
+	if strings.HasPrefix(mem, "rewrite-") {
 		mem = fmt.Sprintf("%s (%d pages rewritten)", mem, vm.GetPagesRewritten())
 	}
 	row("memory", "%s", mem)

@@ -29,7 +29,7 @@ func TestRollbackCommand(t *testing.T) {
 	w.cube(t, ExitOK, "snapshot", "c1", "--name", "s1")
 	w.cube(t, ExitOK, "snapshot", "c1", "--name", "s2")
 	out, _ := w.cube(t, ExitOK, "rollback", "c1", "s1")
-	for _, want := range []string{"sandbox:  ns1/c1 (vmm pid", "memory:   remap", "frozen:   2.0 ms"} {
+	for _, want := range []string{"sandbox:  ns1/c1 (vmm pid", "memory:   rewrite-all", "frozen:   2.0 ms"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("cube rollback output lacks %q:\n%s", want, out)
 		}
@@ -41,7 +41,7 @@ func TestRollbackCommand(t *testing.T) {
 	}
 	// Rolling back to s2 releases s1.
 	out, _ = w.cube(t, ExitOK, "rollback", "c1", "s2", "--json")
-	if !strings.Contains(out, `"memory": "remap"`) {
+	if !strings.Contains(out, `"memory": "rewrite-all"`) {
 		t.Errorf("--json: %s", out)
 	}
 	w.cube(t, ExitOK, "snapshots", "rm", "s1")

@@ -28,7 +28,7 @@ func (f *rollbackShim) Rollback(ctx context.Context, r *api.RollbackRequest) (*a
 		return nil, f.fail
 	}
 	f.dirs = append(f.dirs, r.Dir)
-	return &api.RollbackResponse{SandboxId: "c1", Dir: r.Dir, Id: r.Id, Memory: "remap"}, nil
+	return &api.RollbackResponse{SandboxId: "c1", Dir: r.Dir, Id: r.Id, Memory: "rewrite-all"}, nil
 }
 
 func (h *harness) holders(t *testing.T, ref string) []string {

@@ -101,8 +101,10 @@ type RollbackResult struct {
 	Dir       string  `json:"dir"`
 	PrepareMS float64 `json:"prepare_ms"`
 	FrozenMS  float64 `json:"frozen_ms"`
-	// Memory: "rewrite-dirty" (the VM's parent: only pages written since
-	// were read back) or "remap"; Pages: how many were rewritten.
+	// Memory: which pages were read back: "rewrite-dirty" (the VM's parent:
+	// those written since), "rewrite-diff" (a snapshot sharing layers with
+	// the parent: also those of the layers not shared) or "rewrite-all";
+	// Pages: how many were rewritten.
 	Memory  string  `json:"memory"`
 	Pages   int64   `json:"pages_rewritten"`
 	TotalMS float64 `json:"total_ms"`

@@ -281,7 +281,20 @@ func (c *VCPU) GetCPUID2() ([]CPUIDEntry2, error) {
 	if err := c.get(kvmGetCPUID2, unsafe.Pointer(&buf[0]), "KVM_GET_CPUID2"); err != nil {
 		return nil, err
 	}
-	return cpuid2Entries(buf)
+	e, err := cpuid2Entries(buf)
+	return TrimCPUID2(e), err
+}
+
+// TrimCPUID2 drops the all-zero entries at the end of a KVM_GET_CPUID2
+// answer. Linux before 6.2 or so sets nent only when the buffer is too small:
+// on success it leaves the caller's count (the whole buffer) and copies
+// fewer entries, so the rest is the zeroed buffer. No real entry is all zero
+// (leaf 0 holds the highest leaf and the vendor).
+func TrimCPUID2(e []CPUIDEntry2) []CPUIDEntry2 {
+	for len(e) > 0 && e[len(e)-1] == (CPUIDEntry2{}) {
+		e = e[:len(e)-1]
+	}
+	return e
 }
 
 // GetTSCKHz reads the vCPU's TSC frequency.

@@ -6,10 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
-	"unsafe"
 
 	"github.com/sirupsen/logrus"
-	"golang.org/x/sys/unix"
 
 	"github.com/cube-runtime/cube/hypervisor/kvm"
 	"github.com/cube-runtime/cube/hypervisor/memory"
@@ -22,21 +20,27 @@ type RollbackStats struct {
 	Prepare time.Duration // validation, disk copies (VM still running)
 	Frozen  time.Duration // vCPUs parked
 	Total   time.Duration
-	// Memory says how guest memory was brought back; Pages, for
-	// RollbackRewrite, how many dirtied pages were rewritten.
+	// Memory says how guest memory was brought back (which pages were read
+	// back from the snapshot); Pages, how many were rewritten.
 	Memory string
 	Pages  int64
 }
 
-// How a rollback brings guest memory back.
+// How a rollback brings guest memory back. Every way rewrites pages through
+// the existing mappings (the VM keeps its memory slots and host addresses);
+// they differ in which pages can differ from the snapshot's.
 const (
 	// RollbackRewrite: the snapshot is the VM's parent (its last snapshot,
-	// restore or rollback), so only the pages written since are read back
-	// from it into the existing mappings.
+	// restore or rollback): only the pages written since are read back.
 	RollbackRewrite = "rewrite-dirty"
-	// RollbackRemap: any other snapshot; its memory files are mapped
-	// copy-on-write over guest RAM.
-	RollbackRemap = "remap"
+	// RollbackRewriteDiff: the snapshot shares memory layers with the VM's
+	// parent (one is an incremental snapshot over the other, or both over a
+	// common base): the pages written since the parent, plus those of the
+	// layers the two do not share.
+	RollbackRewriteDiff = "rewrite-diff"
+	// RollbackRewriteAll: no known relation to the VM's memory (another
+	// full snapshot, or no parent): every page is read back.
+	RollbackRewriteAll = "rewrite-all"
 )
 
 // Rollback replaces the running VM's whole state (memory, vCPUs, devices,
@@ -46,8 +50,8 @@ const (
 // rather than dropped and the old state kept, so a failure puts the VM
 // back as it was. Components are the caller's to check.
 func (m *Machine) Rollback(snap *snapshot.Snapshot) (st RollbackStats, err error) {
-	// Not during a snapshot's pre-copy: it reads the memory swapMemory
-	// moves, and relies on the dirty record this clears.
+	// Not during a snapshot's pre-copy: it reads the memory this rewrites,
+	// and relies on the dirty record this clears.
 	m.snapMu.Lock()
 	defer m.snapMu.Unlock()
 	t0 := time.Now()
@@ -170,7 +174,7 @@ func (m *Machine) rollbackLocked(snap *snapshot.Snapshot, p *rollbackPlan, st *R
 	if err != nil {
 		return fmt.Errorf("save current state: %w", err)
 	}
-	restoreMem, dropOld, err := m.rollbackMemoryLocked(snap, p.layers, st)
+	restoreMem, err := m.rollbackMemoryLocked(snap, p.layers, st)
 	if err != nil {
 		return err
 	}
@@ -197,10 +201,6 @@ func (m *Machine) rollbackLocked(snap *snapshot.Snapshot, p *rollbackPlan, st *R
 			// old inode open, so the guest keeps a consistent disk.
 			return fail(err)
 		}
-	}
-	dropOld()
-	if st.Memory == RollbackRemap {
-		m.snap.fileBacked = true
 	}
 	// The memory now equals the snapshot's: it is the next parent.
 	m.snap.parent = ""
@@ -232,21 +232,9 @@ func (m *Machine) checkFrozenLocked(p *rollbackPlan) error {
 	return nil
 }
 
-// rollbackMemoryLocked brings the snapshot's memory back (st.Memory says
-// how); restore puts the old memory back, drop frees it.
-func (m *Machine) rollbackMemoryLocked(snap *snapshot.Snapshot, l *memLayers, st *RollbackStats) (restore, drop func(), err error) {
-	if m.isParent(snap) {
-		// The memory differs from the snapshot's only in the pages written
-		// since (KVM's dirty log OR the VMM's record): put those back.
-		st.Memory = RollbackRewrite
-		restore, err = m.rewriteDirtyLocked(l, &st.Pages)
-		return restore, func() {}, err
-	}
-	st.Memory = RollbackRemap
-	return m.swapMemory(l)
-}
-
 func sameCPUID(a, b []kvm.CPUIDEntry2) bool {
+	// A snapshot written before GetCPUID2 trimmed the zeroed tail has it.
+	a, b = kvm.TrimCPUID2(a), kvm.TrimCPUID2(b)
 	if len(a) != len(b) {
 		return false
 	}
@@ -256,78 +244,6 @@ func sameCPUID(a, b []kvm.CPUIDEntry2) bool {
 		}
 	}
 	return true
-}
-
-// swapMemory moves each region's current mappings aside (mremap keeps
-// their pages, so undo is another mremap) and maps the snapshot's layers
-// at the same host addresses, so the KVM memslots stay valid (KVM's MMU
-// notifier drops its stale translations). restore puts the old memory
-// back; drop frees it.
-func (m *Machine) swapMemory(l *memLayers) (restore, drop func(), err error) {
-	type moved struct {
-		host, aside uintptr
-		size        int64
-		segs        []int64
-		done        int // segments moved aside
-		newSegs     []int64
-	}
-	var ms []*moved
-	restore = func() {
-		for _, mv := range ms {
-			for j := 0; j+1 < len(mv.segs) && j < mv.done; j++ {
-				a, b := mv.segs[j], mv.segs[j+1]
-				if err := mremapFixed(mv.aside+uintptr(a), mv.host+uintptr(a), b-a); err != nil {
-					m.log.WithError(err).Error("rollback: cannot put guest memory back")
-				}
-			}
-			unmapRaw(mv.aside, mv.size)
-		}
-	}
-	drop = func() {
-		for i, mv := range ms {
-			unmapRaw(mv.aside, mv.size)
-			m.snap.segs[i] = mv.newSegs
-		}
-	}
-	var fileOff int64
-	for i, r := range m.mem.Regions() {
-		if len(m.snap.segs) <= i {
-			m.snap.segs = append(m.snap.segs, []int64{0, int64(r.Size)})
-		}
-		aside, err := unix.Mmap(-1, 0, int(r.Size), unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
-		if err != nil {
-			restore()
-			return nil, nil, fmt.Errorf("reserve address space: %w", err)
-		}
-		mv := &moved{host: uintptr(r.HostAddr()), aside: uintptr(unsafe.Pointer(&aside[0])), size: int64(r.Size), segs: m.snap.segs[i]}
-		ms = append(ms, mv)
-		for j := 0; j+1 < len(mv.segs); j++ {
-			a, b := mv.segs[j], mv.segs[j+1]
-			if err := mremapFixed(mv.host+uintptr(a), mv.aside+uintptr(a), b-a); err != nil {
-				restore()
-				return nil, nil, fmt.Errorf("move guest memory aside: %w", err)
-			}
-			mv.done = j + 1
-		}
-		if mv.newSegs, err = l.mapRegion(mv.host, mv.size, fileOff); err != nil {
-			restore()
-			return nil, nil, err
-		}
-		fileOff += int64(r.Size)
-	}
-	return restore, drop, nil
-}
-
-func unmapRaw(addr uintptr, n int64) {
-	unix.Syscall(unix.SYS_MUNMAP, addr, uintptr(n), 0)
-}
-
-func mremapFixed(from, to uintptr, n int64) error {
-	_, _, e := unix.Syscall6(unix.SYS_MREMAP, from, uintptr(n), uintptr(n), unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED, to, 0)
-	if e != 0 {
-		return fmt.Errorf("mremap: %w", e)
-	}
-	return nil
 }
 
 // isParent reports whether snap is the snapshot the VM's memory last equalled
@@ -348,62 +264,6 @@ func (m *Machine) setParentLocked(dir string, state []byte) {
 		return
 	}
 	m.snap.parent, m.snap.parentState = abs, sha256.Sum256(state)
-}
-
-// rewriteDirtyLocked puts the snapshot's content back into every page written
-// since the parent snapshot l was taken or last restored, through the existing
-// mappings (no remap; cost grows with the pages dirtied, not with guest size).
-// Ordering: vCPUs parked and transports paused (nothing writes guest memory),
-// and after this, before the vCPUs run, the state is loaded. It takes the
-// dirty record; undo puts the old contents back and marks those pages dirty
-// again in the VMM's record, so the record since the parent stays complete.
-// n is set to the number of pages rewritten.
-func (m *Machine) rewriteDirtyLocked(l *memLayers, n *int64) (undo func(), err error) {
-	dirty, err := m.takeDirtyLocked()
-	if err != nil {
-		// Whatever part of the record was taken is gone: no parent now.
-		m.snap.parent = ""
-		return nil, fmt.Errorf("read dirty log: %w", err)
-	}
-	type saved struct {
-		r    *memory.Region
-		off  int64
-		data []byte
-	}
-	var old []saved
-	undo = func() {
-		for _, s := range old {
-			copy(s.r.Host[s.off:], s.data)
-		}
-		m.markDirtyPages(dirty)
-	}
-	*n = 0
-	err = m.forDirtyRuns(dirty, func(r *memory.Region, fileOff, s, e int64) error {
-		// Split the run where the page's owning layer changes.
-		first := fileOff / memory.PageSize
-		for p := s; p < e; {
-			layer := l.owner(first + p)
-			q := p + 1
-			for q < e && l.owner(first+q) == layer {
-				q++
-			}
-			off, size := p*memory.PageSize, (q-p)*memory.PageSize
-			dst := r.Host[off : off+size]
-			old = append(old, saved{r: r, off: off, data: append([]byte(nil), dst...)})
-			if k, err := l.files[layer].ReadAt(dst, fileOff+off); err != nil || int64(k) != size {
-				return fmt.Errorf("memory layer %d: read %d bytes at %#x: got %d: %v: %w",
-					layer, size, fileOff+off, k, err, snapshot.ErrTruncated)
-			}
-			*n += q - p
-			p = q
-		}
-		return nil
-	})
-	if err != nil {
-		undo()
-		return nil, err
-	}
-	return undo, nil
 }
 
 // owner is the layer holding page p: the last diff layer whose bitmap has it,

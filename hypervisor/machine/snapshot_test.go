@@ -533,7 +533,10 @@ func TestRollbackMemoryPaths(t *testing.T) {
 	run()
 	b, memB := take("b", false) // now the parent
 	run()
-	rollback(a, memA, RollbackRemap)
+	// Another full snapshot: no layer shared with the parent, every page.
+	if st := rollback(a, memA, RollbackRewriteAll); st.Pages != m.totalPages() {
+		t.Fatalf("rollback to an unrelated full snapshot rewrote %d pages of %d", st.Pages, m.totalPages())
+	}
 	run()
 	vmmWrite(2)
 	c, memC := take("c", true) // a diff layer over a
@@ -541,7 +544,18 @@ func TestRollbackMemoryPaths(t *testing.T) {
 	vmmWrite(3)
 	rollback(c, memC, RollbackRewrite)
 	run()
-	rollback(b, memB, RollbackRemap)
+	// c's parent a shares c's base: the pages written since c and those of
+	// c's diff layer, not all.
+	if st := rollback(a, memA, RollbackRewriteDiff); st.Pages == 0 || st.Pages >= m.totalPages()/2 {
+		t.Fatalf("rollback from c to its base a rewrote %d pages of %d; want c's layer and the pages written since", st.Pages, m.totalPages())
+	}
+	run()
+	// And back the other way, a's child c: again only the diff.
+	if st := rollback(c, memC, RollbackRewriteDiff); st.Pages == 0 || st.Pages >= m.totalPages()/2 {
+		t.Fatalf("rollback from a to its child c rewrote %d pages of %d", st.Pages, m.totalPages())
+	}
+	run()
+	rollback(b, memB, RollbackRewriteAll)
 	if st := rollback(b, memB, RollbackRewrite); st.Pages != 0 {
 		t.Fatalf("rollback to the parent with nothing written since rewrote %d pages", st.Pages)
 	}

@@ -4,6 +4,8 @@
 package kvm
 
 import (
+	"flag"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -15,7 +17,26 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	testhost.Main(m, testhost.Options{Timeout: 10 * time.Minute})
+	flag.Parse()
+	// tun: cube-vmm's virtio-net tests open a real TAP device.
+	o := testhost.Options{Timeout: 20 * time.Minute, Modules: []string{"tun"}}
+	if testhost.Inside() || testing.Short() {
+		testhost.Main(m, o)
+	}
+	dir, err := os.MkdirTemp("", "cube-kvm-tier-")
+	if err == nil {
+		o.Files, err = buildKVMTier(dir)
+	}
+	if err == nil {
+		o.Env, err = tierEnv()
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: build the KVM tier's test binaries: %v\n", err)
+		os.Exit(1)
+	}
+	code := testhost.RunMain(m, o)
+	os.RemoveAll(dir) // not deferred: os.Exit skips deferred calls
+	os.Exit(code)
 }
 
 func TestInsideTestHost(t *testing.T) {

@@ -75,7 +75,7 @@ type snapResult struct {
 	PrecopyMS     float64 `json:"precopy_ms"`
 	MemoryBytes   int64   `json:"memory_bytes"`
 	RecopiedBytes int64   `json:"recopied_bytes"`
-	Memory        string  `json:"memory"` // rollback: rewrite-dirty or remap
+	Memory        string  `json:"memory"` // rollback: rewrite-dirty, rewrite-diff or rewrite-all
 	Pages         int64   `json:"pages_rewritten"`
 }
 
@@ -355,7 +355,7 @@ func (c *cubeBench) snapshot(v *cubeVM, name string, incremental bool) (time.Dur
 	return d, r, err
 }
 
-// rollback rolls v back to snap in place, checks the way cube-vmm took (memory: rewrite-dirty or remap; ""
+// rollback rolls v back to snap in place, checks the way cube-vmm took (memory: rewrite-dirty, rewrite-diff or rewrite-all; ""
 // takes either) — a wrong one is a real failure — and that the rolled-back guest answers on its console (a
 // rollback that leaves a guest stalled is a lost VM, not a sample). snap becomes the parent.
 func (c *cubeBench) rollback(v *cubeVM, snap, memory string) (time.Duration, snapResult, error) {

@@ -39,8 +39,11 @@ func TestMain(m *testing.M) {
 		Timeout: 20 * time.Minute,
 	}
 	flag.Parse()
-	if v := os.Getenv("CUBE_E2E_ROLLBACK_ROUNDS"); v != "" {
-		o.Env = append(o.Env, "CUBE_E2E_ROLLBACK_ROUNDS="+v) // more rollback rounds, to hunt rare failures
+	// More rollback rounds, to hunt rare failures.
+	for _, k := range []string{"CUBE_E2E_ROLLBACK_ROUNDS", "CUBE_E2E_ALTERNATE_ROLLBACKS"} {
+		if v := os.Getenv(k); v != "" {
+			o.Env = append(o.Env, k+"="+v)
+		}
 	}
 	if f := flag.Lookup("test.bench"); f != nil && f.Value.String() != "" {
 		// The benchmarks boot the same kernel and bench initramfs in cube-vmm and in QEMU.

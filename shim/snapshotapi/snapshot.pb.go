@@ -741,7 +741,7 @@ type RollbackResponse struct {
 	Timings *RollbackTimings `protobuf:"bytes,5,opt,name=timings,proto3" json:"timings,omitempty"`
 	// memory is how cube-vmm brought guest memory back: "rewrite-dirty" (the
 	// snapshot is the VM's parent: only the pages written since were read
-	// back) or "remap" (the mappings were replaced).
+	// back), "rewrite-diff" or "rewrite-all" (docs/snapshot.md).
 	Memory         string `protobuf:"bytes,6,opt,name=memory,proto3" json:"memory,omitempty"`
 	PagesRewritten int64  `protobuf:"varint,7,opt,name=pages_rewritten,json=pagesRewritten,proto3" json:"pages_rewritten,omitempty"`
 	// processes: what the reconciliation did with each process the shim or

@@ -178,7 +178,7 @@ func (v *VMM) Snapshot(ctx context.Context, dir string, incremental bool) (contr
 // Rollback brings the fake agent's processes back to what they were at the
 // snapshot in dir (one this VMM took) and resets its connections, as the
 // real VMM's transport reset does: pending Waits fail, streams end.
-// "rewrite-dirty" when dir is the VM's parent, "remap" otherwise.
+// "rewrite-dirty" when dir is the VM's parent, "rewrite-all" otherwise.
 func (v *VMM) Rollback(ctx context.Context, dir string) (control.RollbackResult, error) {
 	if err := v.alive(); err != nil {
 		return control.RollbackResult{}, err
@@ -197,7 +197,7 @@ func (v *VMM) Rollback(ctx context.Context, dir string) (control.RollbackResult,
 	if st == nil {
 		return control.RollbackResult{}, &control.RefusedError{Op: control.OpRollback, Reason: "no snapshot of this VM in " + dir}
 	}
-	res := control.RollbackResult{Dir: dir, Memory: "remap", PrepareMS: 1, FrozenMS: 2, TotalMS: 3}
+	res := control.RollbackResult{Dir: dir, Memory: "rewrite-all", PrepareMS: 1, FrozenMS: 2, TotalMS: 3}
 	if dir == last {
 		res.Memory, res.Pages = "rewrite-dirty", 42
 	}

@@ -160,5 +160,5 @@ func (f *fakeTarget) Rollback(dir string) (*control.RollbackResult, error) {
 		return nil, fmt.Errorf("rollback: no snapshot of this VMM in %s: %w", dir, err)
 	}
 	f.logf("rollback %s\n", dir)
-	return &control.RollbackResult{Dir: dir, Memory: "remap"}, nil
+	return &control.RollbackResult{Dir: dir, Memory: "rewrite-all"}, nil
 }
