@@ -25,6 +25,7 @@ type Server struct {
 	log     *logrus.Logger
 	metrics *metrics
 	cmds    *commands
+	busy    *busySandboxes
 	mux     *http.ServeMux
 	routes  []route
 	now     func() time.Time
@@ -60,7 +61,7 @@ func New(cfg Config, keys []string, be Backend, st Snapshots, o Options) (*Serve
 	}
 	dur, _ := cfg.Durations()
 	s := &Server{cfg: cfg, dur: dur, be: be, st: st, log: o.Log, now: o.Now, mux: http.NewServeMux(),
-		cmds: newCommands(), stop: make(chan struct{})}
+		cmds: newCommands(), busy: newBusySandboxes(), stop: make(chan struct{})}
 	if s.log == nil {
 		s.log = logrus.StandardLogger()
 	}
@@ -98,8 +99,8 @@ func (s *Server) routeTable() []route {
 		{Method: "POST", Path: "/sandboxes/{sandboxID}/connect", h: s.connectSandbox},
 		{Method: "POST", Path: "/sandboxes/{sandboxID}/timeout", h: s.setTimeout},
 		{Method: "POST", Path: "/sandboxes/{sandboxID}/refreshes", h: s.refresh},
-		{Method: "POST", Path: "/sandboxes/{sandboxID}/rollback", h: notYet("rollback")},
-		{Method: "POST", Path: "/sandboxes/{sandboxID}/fork", h: notYet("fork")},
+		{Method: "POST", Path: "/sandboxes/{sandboxID}/rollback", h: s.rollback},
+		{Method: "POST", Path: "/sandboxes/{sandboxID}/fork", h: s.fork},
 		{Method: "POST", Path: "/sandboxes/{sandboxID}/snapshots", h: s.createSnapshot},
 		{Method: "GET", Path: "/snapshots", h: s.listSnapshots},
 		{Method: "GET", Path: "/snapshots/{snapshotID}", h: s.getSnapshot},
@@ -116,13 +117,6 @@ func (s *Server) Handler() http.Handler { return s.mux }
 
 // Stop ends the command output streams (their processes run on).
 func (s *Server) Stop() { s.stopOnce.Do(func() { close(s.stop) }) }
-
-// notYet is a route for an operation not implemented yet.
-func notYet(what string) func(http.ResponseWriter, *http.Request) error {
-	return func(http.ResponseWriter, *http.Request) error {
-		return fmt.Errorf("%s is not implemented yet in cube-api: %w", what, errdefs.ErrNotImplemented)
-	}
-}
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
