@@ -233,7 +233,9 @@ func (p adoptedProcess) Wait(ctx context.Context) (int, error) {
 	return 0, fmt.Errorf("command %d came back with a rollback (or from before a restart of cube-api): its exit is not reported: %w", p.pid, errdefs.ErrNotImplemented)
 }
 
-func (p adoptedProcess) Kill(ctx context.Context, sig syscall.Signal) error { return p.signal(ctx, p.execID, sig) }
+func (p adoptedProcess) Kill(ctx context.Context, sig syscall.Signal) error {
+	return p.signal(ctx, p.execID, sig)
+}
 
 func (p adoptedProcess) CloseStdin(ctx context.Context) error {
 	return fmt.Errorf("command %d came back with a rollback (or from before a restart of cube-api): its stdin is not connected: %w", p.pid, errdefs.ErrFailedPrecondition)
