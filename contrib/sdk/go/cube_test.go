@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -29,6 +31,7 @@ type backend struct {
 	ctrs map[string]*api.Container
 	st   *store.Store
 	pid  uint32
+	busy bool // Rollback answers "busy"
 }
 
 func (b *backend) CheckImage(ctx context.Context, ref string) error {
@@ -125,6 +128,35 @@ func (shim) List(ctx context.Context, req *snapapi.ListRequest) (*snapapi.ListRe
 	return &snapapi.ListResponse{}, nil
 }
 
+func (shim) Rollback(ctx context.Context, req *snapapi.RollbackRequest) (*snapapi.RollbackResponse, error) {
+	return &snapapi.RollbackResponse{Id: req.Id, Memory: "remap", Timings: &snapapi.RollbackTimings{ShimTotalMs: 3}}, nil
+}
+
+func (b *backend) Rollback(ctx context.Context, id, ref string) (snapshots.RolledBack, error) {
+	if _, err := b.Get(ctx, id); err != nil {
+		return snapshots.RolledBack{}, err
+	}
+	if b.busy {
+		return snapshots.RolledBack{}, fmt.Errorf("sandbox %s is busy: %w", id, errdefs.ErrConflict)
+	}
+	return snapshots.Rollback(ctx, b.st, rollbackShim{}, snapshots.RollbackOptions{Container: id, Sandbox: snapshots.SandboxKey(api.DefaultNamespace, id), Ref: ref})
+}
+
+// rollbackShim reports this process as the VMM (the store checks the pid).
+type rollbackShim struct{ shim }
+
+func (rollbackShim) List(ctx context.Context, req *snapapi.ListRequest) (*snapapi.ListResponse, error) {
+	return &snapapi.ListResponse{VmmPid: uint32(os.Getpid())}, nil
+}
+
+func (b *backend) GuestProcesses(ctx context.Context, id string) ([]api.GuestProcess, error) {
+	return nil, fmt.Errorf("no guest: %w", errdefs.ErrNotImplemented)
+}
+
+func (b *backend) SignalGuest(ctx context.Context, id, execID string, sig syscall.Signal) error {
+	return fmt.Errorf("no guest: %w", errdefs.ErrNotImplemented)
+}
+
 func (b *backend) Snapshot(ctx context.Context, id string, names []string) (snapshots.Taken, error) {
 	return snapshots.Take(ctx, b.st, shim{}, snapshots.Options{Container: id, Sandbox: snapshots.SandboxKey(api.DefaultNamespace, id), Names: names})
 }
@@ -137,6 +169,7 @@ type proc struct {
 }
 
 func (p *proc) Pid() uint32                          { return p.pid }
+func (p *proc) ExecID() string                       { return fmt.Sprintf("%s%d", api.ExecIDPrefix, p.pid) }
 func (p *proc) CloseStdin(ctx context.Context) error { return nil }
 func (p *proc) Wait(ctx context.Context) (int, error) {
 	<-p.done
@@ -335,4 +368,52 @@ func TestSnapshots(t *testing.T) {
 	if _, err := c.GetSnapshot(ctx, "one"); !IsNotFound(err) {
 		t.Errorf("deleted: %v", err)
 	}
+}
+
+func TestRollback(t *testing.T) {
+	c, b := newClient(t)
+	ctx := context.Background()
+	sb, _ := c.Create(ctx, CreateOptions{})
+	s1, err := sb.CreateSnapshot(ctx, "one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb, err := sb.Rollback(ctx, "one")
+	if err != nil || rb.SandboxID != sb.ID || rb.SnapshotID != s1.SnapshotID || rb.Memory != "remap" || rb.TotalMs != 3 {
+		t.Fatalf("rollback: %+v %v", rb, err)
+	}
+	if _, err := sb.Rollback(ctx, "nope"); !IsNotFound(err) {
+		t.Errorf("unknown snapshot: %v", err)
+	}
+	b.busy = true
+	if _, err := sb.Rollback(ctx, "one"); !IsConflict(err) {
+		t.Errorf("busy: %v", err)
+	}
+	if g, err := c.GetSnapshot(ctx, "one"); err != nil || !g.InUse {
+		t.Errorf("the sandbox should hold the snapshot it rolled back to: %+v %v", g, err)
+	}
+}
+
+func (b *backend) ReadFile(ctx context.Context, id, path string, offset int64, length int) (api.FileChunk, error) {
+	return api.FileChunk{}, errdefs.ErrNotImplemented
+}
+
+func (b *backend) WriteFile(ctx context.Context, id, path string, data []byte, mode fs.FileMode, appending bool) (int64, error) {
+	return 0, errdefs.ErrNotImplemented
+}
+
+func (b *backend) Stat(ctx context.Context, id, path string) (api.FileInfo, error) {
+	return api.FileInfo{}, errdefs.ErrNotImplemented
+}
+
+func (b *backend) ListDir(ctx context.Context, id, path, after string, limit int) ([]api.FileInfo, bool, error) {
+	return nil, false, errdefs.ErrNotImplemented
+}
+
+func (b *backend) Remove(ctx context.Context, id, path string, recursive bool) error {
+	return errdefs.ErrNotImplemented
+}
+
+func (b *backend) MakeDir(ctx context.Context, id, path string, mode fs.FileMode) (bool, error) {
+	return false, errdefs.ErrNotImplemented
 }

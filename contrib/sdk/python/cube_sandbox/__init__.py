@@ -13,8 +13,8 @@ from .commands import CommandHandle, CommandResult, Commands
 from .exceptions import (AuthenticationException, CommandExitException, ConflictException,
                          InvalidArgumentException, NotFoundException, NotImplementedException,
                          SandboxException, TimeoutException)
-from .sandbox import Page, Sandbox, SandboxInfo, SnapshotInfo
+from .sandbox import Page, RollbackInfo, Sandbox, SandboxInfo, SnapshotInfo
 
-__all__ = ["Sandbox", "SandboxInfo", "SnapshotInfo", "Page", "Commands", "CommandHandle", "CommandResult",
+__all__ = ["Sandbox", "SandboxInfo", "SnapshotInfo", "RollbackInfo", "Page", "Commands", "CommandHandle", "CommandResult",
            "SandboxException", "InvalidArgumentException", "AuthenticationException", "NotFoundException",
            "ConflictException", "NotImplementedException", "TimeoutException", "CommandExitException"]

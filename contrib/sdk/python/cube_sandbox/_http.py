@@ -55,6 +55,12 @@ class ConnectionConfig:
             raise SandboxException("cannot reach cube-api at %s: %s (is it running? CUBE_API_URL names another)"
                                    % (self.api_url, e.reason)) from None
 
+    def drop_connections(self):
+        """Drops pooled connections (after a rollback). urllib opens one
+        connection per request, so there is none to drop: this is the one
+        place to do it should the transport ever keep connections."""
+        return None
+
     def call(self, method, path, query=None, body=None):
         """A JSON call: returns (decoded answer or None, headers)."""
         with self.open(method, path, query, body) as resp:

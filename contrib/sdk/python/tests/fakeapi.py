@@ -291,6 +291,22 @@ def not_yet(h, st, q, body, sid):
     h.error(501, "not implemented yet")
 
 
+def rollback(h, st, q, body, sid):
+    if not sandbox_or_404(h, st, sid):
+        return
+    ref = (body or {}).get("snapshotID")
+    if not isinstance(ref, str) or not ref:
+        return h.error(400, 'field "snapshotID" is required')
+    s = find_snapshot(st, ref)
+    if s is None:
+        return h.error(404, 'field "snapshotID": no snapshot "%s"' % ref)
+    if st.sandboxes[sid].get("busy"):
+        return h.error(409, "sandbox %s is busy: a snapshot runs on it" % sid)
+    h.reply(200, {"sandboxID": sid, "snapshotID": s["snapshotID"], "memory": "rewrite-dirty", "frozenMs": 2,
+                  "totalMs": 9, "processes": [{"pid": 7, "action": "unknown", "status": "running", "command": True}],
+                  "warnings": []})
+
+
 ID = "([^/]+)"
 ROUTES = [
     (("POST", "/sandboxes"), create),
@@ -302,7 +318,8 @@ ROUTES = [
     (("POST", "/sandboxes/%s/connect" % ID), connect),
     (("POST", "/sandboxes/%s/timeout" % ID), set_timeout),
     (("POST", "/sandboxes/%s/snapshots" % ID), create_snapshot),
-    (("POST", "/sandboxes/%s/rollback" % ID), not_yet),
+    (("POST", "/sandboxes/%s/rollback" % ID), rollback),
+    (("POST", "/sandboxes/%s/fork" % ID), not_yet),
     (("GET", "/snapshots"), list_snapshots),
     (("GET", "/snapshots/" + ID), get_snapshot),
     (("DELETE", "/snapshots/" + ID), delete_snapshot),

@@ -187,9 +187,30 @@ class TestSnapshots(Base):
         sb.kill()
         self.assertEqual(len(Sandbox.list_snapshots()), 1)
 
+    def test_rollback(self):
+        sb = Sandbox.create()
+        snap = sb.create_snapshot("one")
+        dropped = []
+        sb._conn.drop_connections = lambda: dropped.append(True)
+        rb = sb.rollback("one")
+        self.assertEqual(rb.sandbox_id, sb.sandbox_id)
+        self.assertEqual(rb.snapshot_id, snap.snapshot_id)
+        self.assertEqual(rb.processes[0]["action"], "unknown")
+        self.assertEqual(dropped, [True])
+        method, path, body, _ = self.st.requests[-1]
+        self.assertEqual((method, path, body), ("POST", "/sandboxes/%s/rollback" % sb.sandbox_id, {"snapshotID": "one"}))
+        # On the class, by id.
+        self.assertEqual(Sandbox.rollback(sb.sandbox_id, snap.snapshot_id).snapshot_id, snap.snapshot_id)
+        with self.assertRaises(NotFoundException):
+            sb.rollback("nope")
+        self.st.sandboxes[sb.sandbox_id]["busy"] = True
+        with self.assertRaises(ConflictException):
+            sb.rollback("one")
+        self.assertEqual(len(dropped), 1)  # not after a failure
+
     def test_not_implemented(self):
         with self.assertRaises(NotImplementedException):
-            ConnectionConfig().call("POST", "/sandboxes/x/rollback", body={"snapshotID": "s"})
+            ConnectionConfig().call("POST", "/sandboxes/x/fork", body={"count": 2})
 
 
 if __name__ == "__main__":
