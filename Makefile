@@ -59,6 +59,11 @@ proto-check:
 snapshot-proto:
 	PATH="$$PATH:$$($(GO) env GOPATH)/bin" $(GO) generate ./shim/snapshotapi
 
+# Regenerate shim/filesapi/*.pb.go, the shim's files service cube.files.v1 (same generators).
+.PHONY: files-proto
+files-proto:
+	PATH="$$PATH:$$($(GO) env GOPATH)/bin" $(GO) generate ./shim/filesapi
+
 # Unit tier (no root, no KVM) and host-KVM tier (tiny synthetic guests on this machine's /dev/kvm; those tests
 # skip with a message when it is absent). -short keeps the test host and the slow root tests out.
 test-unit: vet

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"io/fs"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -48,9 +47,8 @@ type fakeBackend struct {
 	// the shim's answer when set.
 	rollbackBlock chan struct{}
 	rollbackErr   error
-	// files is each sandbox's root directory (created on first use).
-	files map[string]string
-	tmp   string
+	// DirFiles is the guest's file system: a directory per sandbox.
+	*DirFiles
 }
 
 // fakeGuestProc is a process of the fake guest.
@@ -64,7 +62,7 @@ type fakeGuestProc struct {
 func newFake(st *store.Store) *fakeBackend {
 	return &fakeBackend{images: map[string]bool{"docker.io/library/busybox:latest": true}, ctrs: map[string]*Container{},
 		specs: map[string]CreateSpec{}, st: st, ns: DefaultNamespace, pid: 100, snapping: map[string]bool{},
-		guest: map[string]map[string]*fakeGuestProc{}, snapGuest: map[string]map[string]fakeGuestProc{}, files: map[string]string{}}
+		guest: map[string]map[string]*fakeGuestProc{}, snapGuest: map[string]map[string]fakeGuestProc{}}
 }
 
 func (f *fakeBackend) CheckImage(ctx context.Context, ref string) error {
@@ -356,7 +354,9 @@ func newEnv(t *testing.T, mod func(*Config), keys ...string) *env {
 	if mod != nil {
 		mod(&cfg)
 	}
-	e := &env{t: t, f: newFake(st), st: st, now: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC), logs: &bytes.Buffer{}}
+	f := newFake(st)
+	f.DirFiles = &DirFiles{Root: t.TempDir()}
+	e := &env{t: t, f: f, st: st, now: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC), logs: &bytes.Buffer{}}
 	log := logrus.New()
 	log.SetOutput(e.logs)
 	log.SetLevel(logrus.DebugLevel)
@@ -537,30 +537,6 @@ func (f *fakeBackend) SignalGuest(ctx context.Context, id, execID string, sig sy
 	}
 	f.mu.Unlock()
 	return g.proc.Kill(ctx, sig)
-}
-
-func (f *fakeBackend) ReadFile(ctx context.Context, id, path string, offset int64, length int) (FileChunk, error) {
-	return FileChunk{}, errdefs.ErrNotImplemented
-}
-
-func (f *fakeBackend) WriteFile(ctx context.Context, id, path string, data []byte, mode fs.FileMode, appending bool) (int64, error) {
-	return 0, errdefs.ErrNotImplemented
-}
-
-func (f *fakeBackend) Stat(ctx context.Context, id, path string) (FileInfo, error) {
-	return FileInfo{}, errdefs.ErrNotImplemented
-}
-
-func (f *fakeBackend) ListDir(ctx context.Context, id, path, after string, limit int) ([]FileInfo, bool, error) {
-	return nil, false, errdefs.ErrNotImplemented
-}
-
-func (f *fakeBackend) Remove(ctx context.Context, id, path string, recursive bool) error {
-	return errdefs.ErrNotImplemented
-}
-
-func (f *fakeBackend) MakeDir(ctx context.Context, id, path string, mode fs.FileMode) (bool, error) {
-	return false, errdefs.ErrNotImplemented
 }
 
 // busyErr is the shim's refusal while a snapshot or rollback runs.

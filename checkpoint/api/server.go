@@ -52,6 +52,9 @@ type route struct {
 	Stream bool
 	// Public: no API key needed.
 	Public bool
+	// FileBody: its body is a file's contents, bounded by max_file_bytes
+	// (else max_body_bytes).
+	FileBody bool
 }
 
 // New makes a server; keys are the API keys (none: no auth).
@@ -109,6 +112,12 @@ func (s *Server) routeTable() []route {
 		{Method: "GET", Path: "/sandboxes/{sandboxID}/commands", h: s.listCommands},
 		{Method: "POST", Path: "/sandboxes/{sandboxID}/commands/{pid}/stdin", h: s.commandStdin},
 		{Method: "POST", Path: "/sandboxes/{sandboxID}/commands/{pid}/kill", h: s.killCommand},
+		{Method: "GET", Path: "/sandboxes/{sandboxID}/files", h: s.readFile},
+		{Method: "PUT", Path: "/sandboxes/{sandboxID}/files", h: s.writeFile, FileBody: true},
+		{Method: "DELETE", Path: "/sandboxes/{sandboxID}/files", h: s.removeFile},
+		{Method: "GET", Path: "/sandboxes/{sandboxID}/files/stat", h: s.statFile},
+		{Method: "GET", Path: "/sandboxes/{sandboxID}/files/list", h: s.listDir},
+		{Method: "POST", Path: "/sandboxes/{sandboxID}/files/dir", h: s.makeDir},
 	}
 }
 
@@ -191,7 +200,11 @@ func (s *Server) wrap(rt route) http.Handler {
 			defer cancel()
 		}
 		r = r.WithContext(ctx)
-		r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
+		limit := s.cfg.MaxBodyBytes
+		if rt.FileBody {
+			limit = s.cfg.MaxFileBytes
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, limit)
 		sw := &statusWriter{ResponseWriter: w}
 		// The body must arrive within BodyTimeout (a stream route clears the
 		// deadline once it has read its body).

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"io/fs"
 	"net/http/httptest"
 	"os"
 	"strings"
@@ -32,6 +31,7 @@ type backend struct {
 	st   *store.Store
 	pid  uint32
 	busy bool // Rollback answers "busy"
+	*api.DirFiles
 }
 
 func (b *backend) CheckImage(ctx context.Context, ref string) error {
@@ -218,7 +218,7 @@ func newClient(t *testing.T) (*Client, *backend) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &backend{ctrs: map[string]*api.Container{}, st: st}
+	b := &backend{ctrs: map[string]*api.Container{}, st: st, DirFiles: &api.DirFiles{Root: t.TempDir()}}
 	log := logrus.New()
 	log.SetOutput(io.Discard)
 	s, err := api.New(api.DefaultConfig(), []string{key}, b, st, api.Options{Log: log})
@@ -392,28 +392,4 @@ func TestRollback(t *testing.T) {
 	if g, err := c.GetSnapshot(ctx, "one"); err != nil || !g.InUse {
 		t.Errorf("the sandbox should hold the snapshot it rolled back to: %+v %v", g, err)
 	}
-}
-
-func (b *backend) ReadFile(ctx context.Context, id, path string, offset int64, length int) (api.FileChunk, error) {
-	return api.FileChunk{}, errdefs.ErrNotImplemented
-}
-
-func (b *backend) WriteFile(ctx context.Context, id, path string, data []byte, mode fs.FileMode, appending bool) (int64, error) {
-	return 0, errdefs.ErrNotImplemented
-}
-
-func (b *backend) Stat(ctx context.Context, id, path string) (api.FileInfo, error) {
-	return api.FileInfo{}, errdefs.ErrNotImplemented
-}
-
-func (b *backend) ListDir(ctx context.Context, id, path, after string, limit int) ([]api.FileInfo, bool, error) {
-	return nil, false, errdefs.ErrNotImplemented
-}
-
-func (b *backend) Remove(ctx context.Context, id, path string, recursive bool) error {
-	return errdefs.ErrNotImplemented
-}
-
-func (b *backend) MakeDir(ctx context.Context, id, path string, mode fs.FileMode) (bool, error) {
-	return false, errdefs.ErrNotImplemented
 }
