@@ -1,6 +1,7 @@
 package cube
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -391,5 +392,53 @@ func TestRollback(t *testing.T) {
 	}
 	if g, err := c.GetSnapshot(ctx, "one"); err != nil || !g.InUse {
 		t.Errorf("the sandbox should hold the snapshot it rolled back to: %+v %v", g, err)
+	}
+}
+
+func TestFiles(t *testing.T) {
+	c, _ := newClient(t)
+	ctx := context.Background()
+	sb, _ := c.Create(ctx, CreateOptions{})
+	data := append([]byte("binary \x00\xff "), strings.Repeat("z", 3<<20)...)
+	ei, err := sb.Files.Write(ctx, "/home/user/a b.bin", data, WriteOptions{Mode: 0o600})
+	if err != nil || ei.Size != int64(len(data)) || ei.Permissions != "-rw-------" || ei.Name != "a b.bin" {
+		t.Fatalf("write: %+v %v", ei, err)
+	}
+	if got, err := sb.Files.Read(ctx, "/home/user/a b.bin"); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read: %d bytes %v", len(got), err)
+	}
+	if got, err := sb.Files.ReadRange(ctx, "/home/user/a b.bin", 7, 2); err != nil || string(got) != "\x00\xff" {
+		t.Errorf("read range: %q %v", got, err)
+	}
+	if _, err := sb.Files.Write(ctx, "/home/user/a b.bin", []byte("!"), WriteOptions{Append: true}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := sb.Files.MakeDir(ctx, "/home/user/d/e"); !ok || err != nil {
+		t.Errorf("make dir: %v %v", ok, err)
+	}
+	if ok, err := sb.Files.MakeDir(ctx, "/home/user/d/e"); ok || err != nil {
+		t.Errorf("make an existing dir: %v %v", ok, err)
+	}
+	for i := 0; i < 3; i++ { // more than one page of the server's (limit 500): enough to check the order
+		sb.Files.Write(ctx, fmt.Sprintf("/home/user/d/f%d", i), nil)
+	}
+	l, err := sb.Files.List(ctx, "/home/user/d")
+	if err != nil || len(l) != 4 || l[0].Name != "e" || l[0].Type != "dir" || l[3].Path != "/home/user/d/f2" {
+		t.Fatalf("list: %+v %v", l, err)
+	}
+	if fi, err := sb.Files.GetInfo(ctx, "/home/user/d"); err != nil || fi.Type != "dir" {
+		t.Errorf("get info: %+v %v", fi, err)
+	}
+	if err := sb.Files.Remove(ctx, "/home/user/d"); !IsConflict(err) {
+		t.Errorf("remove a full dir: %v", err)
+	}
+	if err := sb.Files.Remove(ctx, "/home/user/d", true); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := sb.Files.Exists(ctx, "/home/user/d"); ok || err != nil {
+		t.Errorf("exists after remove: %v %v", ok, err)
+	}
+	if _, err := sb.Files.Read(ctx, "relative"); err == nil || !strings.Contains(err.Error(), "400") {
+		t.Errorf("relative path: %v", err)
 	}
 }

@@ -12,12 +12,14 @@ type Sandbox struct {
 	ID       string
 	Info     SandboxInfo
 	Commands *Commands
+	Files    *Files
 	c        *Client
 }
 
 func (c *Client) handle(info SandboxInfo) *Sandbox {
 	s := &Sandbox{ID: info.SandboxID, Info: info, c: c}
 	s.Commands = &Commands{s: s}
+	s.Files = &Files{s: s}
 	return s
 }
 

@@ -6,6 +6,7 @@ import urllib.parse
 
 from ._http import ENV_TEMPLATE_ID, ConnectionConfig
 from .commands import Commands
+from .files import Files
 from .exceptions import InvalidArgumentException, NotFoundException
 
 
@@ -83,6 +84,7 @@ class Sandbox:
         self._conn = conn or ConnectionConfig()
         self.info = SandboxInfo(info or {})
         self.commands = Commands(self)
+        self.files = Files(self)
 
     def __repr__(self):
         return "Sandbox(%r)" % self.sandbox_id

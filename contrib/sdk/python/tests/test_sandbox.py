@@ -213,5 +213,35 @@ class TestSnapshots(Base):
             ConnectionConfig().call("POST", "/sandboxes/x/fork", body={"count": 2})
 
 
+class TestFiles(Base):
+    def test_files(self):
+        sb = Sandbox.create()
+        data = b"\x00\xffbinary" * 1000
+        info = sb.files.write("/home/user/d/a b.bin", data, mode=0o600)
+        self.assertEqual((info.name, info.size, info.type), ("a b.bin", len(data), "file"))
+        _, path, body, headers = self.st.requests[-1]
+        self.assertEqual(headers["Content-Type"], "application/octet-stream")
+        self.assertEqual(body, data)
+        self.assertEqual(sb.files.read("/home/user/d/a b.bin", format="bytes"), data)
+        self.assertEqual(sb.files.read("/home/user/d/a b.bin", format="bytes", offset=1, length=2), b"\xffb")
+        sb.files.write("/home/user/d/t.txt", "héllo ")
+        sb.files.write("/home/user/d/t.txt", "world", append=True)
+        self.assertEqual(sb.files.read("/home/user/d/t.txt"), "héllo world")
+        self.assertTrue(sb.files.make_dir("/home/user/d/sub"))
+        self.assertFalse(sb.files.make_dir("/home/user/d/sub"))
+        sb.files.write("/home/user/d/z", b"")
+        # More than one page (the fake's pages hold 2 entries).
+        self.assertEqual([e.name for e in sb.files.list("/home/user/d")], ["a b.bin", "sub", "t.txt", "z"])
+        self.assertEqual(sb.files.get_info("/home/user/d/sub").type, "dir")
+        with self.assertRaises(ConflictException):
+            sb.files.remove("/home/user/d")
+        sb.files.remove("/home/user/d", recursive=True)
+        self.assertFalse(sb.files.exists("/home/user/d"))
+        with self.assertRaises(NotFoundException):
+            sb.files.read("/home/user/d/t.txt")
+        with self.assertRaises(InvalidArgumentException):
+            sb.files.read("relative")
+
+
 if __name__ == "__main__":
     unittest.main()
