@@ -422,7 +422,9 @@ func (s *Server) commandStdin(w http.ResponseWriter, r *http.Request) error {
 	}
 	if req.EOF {
 		c.stdin.Close()
-		if err := c.proc.CloseStdin(r.Context()); err != nil {
+		// Closing the pipe ends the input: the process may read its EOF,
+		// exit and be deleted before CloseStdin. It has its EOF then.
+		if err := c.proc.CloseStdin(r.Context()); err != nil && !errdefs.IsNotFound(err) {
 			return err
 		}
 	}

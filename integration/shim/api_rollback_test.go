@@ -2,7 +2,6 @@ package shim
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"os"
 	"strings"
@@ -87,23 +86,9 @@ func apiRollbackRound(t *testing.T, ctx context.Context, sb *cube.Sandbox) strin
 	if err != nil {
 		t.Fatalf("the worker binary: %v", err)
 	}
-	cp, err := sb.Commands.Start(ctx, "busybox base64 -d > /worker && busybox chmod 755 /worker", cube.RunOptions{Stdin: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	enc := base64.StdEncoding.EncodeToString(bin)
-	for len(enc) > 0 {
-		n := min(len(enc), 256<<10)
-		if err := cp.SendStdin(ctx, enc[:n]); err != nil {
-			t.Fatalf("copy the worker: %v", err)
-		}
-		enc = enc[n:]
-	}
-	if err := cp.CloseStdin(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if r, err := cp.Wait(); err != nil {
-		t.Fatalf("copy the worker: %+v %v", r, err)
+	// A binary of several MiB through the files route: more than one chunk to the guest agent.
+	if ei, err := sb.Files.Write(ctx, "/worker", bin, cube.WriteOptions{Mode: 0o755}); err != nil || ei.Size != int64(len(bin)) || ei.Permissions != "-rwxr-xr-x" {
+		t.Fatalf("write the worker: %+v %v", ei, err)
 	}
 	wk, err := sb.Commands.Start(ctx, "/worker", cube.RunOptions{Args: []string{"serve", workerSock}})
 	if err != nil {
@@ -166,4 +151,50 @@ func apiRollbackRound(t *testing.T, ctx context.Context, sb *cube.Sandbox) strin
 		t.Errorf("rollback to an unknown snapshot: %v", err)
 	}
 	return snap.SnapshotID
+}
+
+// apiFilesRound: write, read back, stat, list, make a directory, remove,
+// in the sandbox's root through the Go SDK.
+func apiFilesRound(t *testing.T, ctx context.Context, sb *cube.Sandbox) {
+	t.Helper()
+	data := []byte("line one\nbytes \x00\xff\n")
+	ei, err := sb.Files.Write(ctx, "/tmp/api files/a.txt", data)
+	if err != nil || ei.Size != int64(len(data)) || ei.Type != "file" || ei.Path != "/tmp/api files/a.txt" {
+		t.Fatalf("write: %+v %v", ei, err)
+	}
+	if got, err := sb.Files.Read(ctx, "/tmp/api files/a.txt"); err != nil || string(got) != string(data) {
+		t.Errorf("read: %q %v", got, err)
+	}
+	// What the files route wrote, a command sees.
+	if res, err := sb.Commands.Run(ctx, "head -n 1 '/tmp/api files/a.txt'", cube.RunOptions{}); err != nil || res.Stdout != "line one\n" {
+		t.Errorf("the file in the sandbox: %+v %v", res, err)
+	}
+	if _, err := sb.Commands.Run(ctx, "mkdir -p /tmp/from-cmd && echo hi > /tmp/from-cmd/x && ln -s x /tmp/from-cmd/l", cube.RunOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := sb.Files.Read(ctx, "/tmp/from-cmd/x"); err != nil || string(got) != "hi\n" {
+		t.Errorf("read what a command wrote: %q %v", got, err)
+	}
+	if ok, err := sb.Files.MakeDir(ctx, "/tmp/api files/sub/deeper"); !ok || err != nil {
+		t.Errorf("make dir: %v %v", ok, err)
+	}
+	l, err := sb.Files.List(ctx, "/tmp/api files")
+	if err != nil || len(l) != 2 || l[0].Name != "a.txt" || l[1].Name != "sub" || l[1].Type != "dir" {
+		t.Errorf("list: %+v %v", l, err)
+	}
+	if fi, err := sb.Files.GetInfo(ctx, "/tmp/from-cmd/l"); err != nil || fi.Type != "symlink" || fi.SymlinkTarget != "x" {
+		t.Errorf("stat a symlink: %+v %v", fi, err)
+	}
+	if err := sb.Files.Remove(ctx, "/tmp/api files"); !cube.IsConflict(err) {
+		t.Errorf("remove a full directory: %v", err)
+	}
+	if err := sb.Files.Remove(ctx, "/tmp/api files", true); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := sb.Files.Exists(ctx, "/tmp/api files"); ok || err != nil {
+		t.Errorf("after remove: %v %v", ok, err)
+	}
+	if _, err := sb.Files.Read(ctx, "/no/such/file"); !cube.IsNotFound(err) {
+		t.Errorf("read a missing file: %v", err)
+	}
 }

@@ -168,6 +168,7 @@ func TestCubeAPI(t *testing.T) {
 	if res, err = sb.Commands.Run(ctx, "echo after", cube.RunOptions{}); err != nil || res.Stdout != "after\n" {
 		t.Errorf("after the snapshot: %+v %v", res, err)
 	}
+	apiFilesRound(t, ctx, sb)
 	apiRollbackRound(t, ctx, sb)
 	if res, err = sb.Commands.Run(ctx, "echo after-rollback", cube.RunOptions{}); err != nil || res.Stdout != "after-rollback\n" {
 		t.Errorf("after the rollback: %+v %v", res, err)
