@@ -105,7 +105,7 @@ demo: deps build
 	$(GO) test -count=1 -v -run TestCtrRun ./integration/shim
 
 # Every fuzz target, one after another (each part's FUZZTIME / DEVICE_FUZZTIME per target).
-fuzz: fuzz-hypervisor fuzz-devices agent-fuzz snapshotter-fuzz fuzz-shim fuzz-snapshot fuzz-store fuzz-cli
+fuzz: fuzz-hypervisor fuzz-devices agent-fuzz snapshotter-fuzz fuzz-shim fuzz-snapshot fuzz-store fuzz-cli fuzz-api
 
 clean:
 	rm -rf $(BIN)
@@ -269,6 +269,13 @@ cube:
 fuzz-cli:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseBootstrap$$' -fuzztime $(FUZZTIME) ./checkpoint/shimclient
 # <<< cube CLI
+
+# >>> cube-api (issue 15)
+.PHONY: fuzz-api
+# cube-api's parsers of untrusted HTTP bodies and query strings (rollback, fork, snapshots, commands, files).
+fuzz-api:
+	$(GO) test -run '^$$' -fuzz '^FuzzRequests$$' -fuzztime $(FUZZTIME) ./checkpoint/api
+# <<< cube-api
 
 # >>> cube-api and SDKs (issue 15) — the HTTP facade, checkpoint/api; SDKs in contrib/sdk/.
 .PHONY: cube-api e2e-api test-sdk
