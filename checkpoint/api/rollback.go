@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -83,7 +84,7 @@ func (s *Server) rollback(w http.ResponseWriter, r *http.Request) error {
 			continue
 		}
 		out.Processes = append(out.Processes, RolledBackProcess{Pid: p.GetPid(), Action: p.GetAction(), Status: p.GetStatus(),
-			Command: len(p.GetExecId()) > len(ExecIDPrefix) && p.GetExecId()[:len(ExecIDPrefix)] == ExecIDPrefix})
+			Command: strings.HasPrefix(p.GetExecId(), ExecIDPrefix)})
 	}
 	// The commands that came back are listed (and can be signalled) at once.
 	if err := s.syncCommands(context.WithoutCancel(r.Context()), id); err != nil {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -31,7 +32,7 @@ type backend struct {
 	ctrs map[string]*api.Container
 	st   *store.Store
 	pid  uint32
-	busy bool // Rollback answers "busy"
+	busy atomic.Bool // Rollback answers "busy"
 	*api.DirFiles
 }
 
@@ -137,7 +138,7 @@ func (b *backend) Rollback(ctx context.Context, id, ref string) (snapshots.Rolle
 	if _, err := b.Get(ctx, id); err != nil {
 		return snapshots.RolledBack{}, err
 	}
-	if b.busy {
+	if b.busy.Load() {
 		return snapshots.RolledBack{}, fmt.Errorf("sandbox %s is busy: %w", id, errdefs.ErrConflict)
 	}
 	return snapshots.Rollback(ctx, b.st, rollbackShim{}, snapshots.RollbackOptions{Container: id, Sandbox: snapshots.SandboxKey(api.DefaultNamespace, id), Ref: ref})
@@ -386,7 +387,7 @@ func TestRollback(t *testing.T) {
 	if _, err := sb.Rollback(ctx, "nope"); !IsNotFound(err) {
 		t.Errorf("unknown snapshot: %v", err)
 	}
-	b.busy = true
+	b.busy.Store(true)
 	if _, err := sb.Rollback(ctx, "one"); !IsConflict(err) {
 		t.Errorf("busy: %v", err)
 	}
