@@ -380,7 +380,30 @@ func (c *Containerd) Exec(ctx context.Context, id string, es ExecSpec, eio ExecI
 		_, _ = proc.Delete(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("sandbox %s: start %s: %w", id, es.Cmd, err)
 	}
-	return &execProcess{p: proc, exitC: exitC, ns: c.Namespace, stdinDone: stdinDone}, nil
+	// containerd's pid of an io.cube.v1 process is the VMM's host pid, the
+	// same for every exec: the API names a command by its guest pid.
+	pid, err := c.guestPid(ctx, id, execID)
+	if err != nil {
+		_ = proc.Kill(context.WithoutCancel(ctx), syscall.SIGKILL)
+		_, _ = proc.Delete(context.WithoutCancel(ctx), containerd.WithProcessKill)
+		return nil, fmt.Errorf("sandbox %s: %s started, but its guest pid is unknown (it was killed): %w", id, es.Cmd, err)
+	}
+	return &execProcess{p: proc, pid: pid, exitC: exitC, ns: c.Namespace, stdinDone: stdinDone}, nil
+}
+
+// guestPid is the guest pid of exec execID of sandbox id (the shim's
+// ListProcesses).
+func (c *Containerd) guestPid(ctx context.Context, id, execID string) (uint32, error) {
+	ps, err := c.GuestProcesses(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	for _, p := range ps {
+		if p.ExecID == execID && p.Pid != 0 {
+			return p.Pid, nil
+		}
+	}
+	return 0, fmt.Errorf("the guest does not list exec %s: %w", execID, errdefs.ErrNotFound)
 }
 
 // eofReader closes done once r reached its end: cio's copy into the fifo
@@ -402,13 +425,14 @@ func (e *eofReader) Read(p []byte) (int, error) {
 // execProcess is a containerd exec as a Process.
 type execProcess struct {
 	p     containerd.Process
+	pid   uint32 // in the guest
 	exitC <-chan containerd.ExitStatus
 	ns    string
 	// stdinDone is closed when the input was copied to the end (nil: no stdin).
 	stdinDone chan struct{}
 }
 
-func (e *execProcess) Pid() uint32 { return e.p.Pid() }
+func (e *execProcess) Pid() uint32 { return e.pid }
 
 func (e *execProcess) ExecID() string { return e.p.ID() }
 
