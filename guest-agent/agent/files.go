@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -90,7 +91,7 @@ func (s *Service) ListDir(ctx context.Context, req *protocol.ListDirRequest) (*p
 	}
 	dir := os.NewFile(uintptr(fd), req.Path)
 	defer dir.Close()
-	names, err := dir.Readdirnames(-1)
+	names, err := readNames(dir)
 	if err != nil {
 		return nil, toStatus(err, "list %s", req.Path)
 	}
@@ -112,6 +113,28 @@ func (s *Service) ListDir(ctx context.Context, req *protocol.ListDirRequest) (*p
 		resp.Entries = append(resp.Entries, st)
 	}
 	return resp, nil
+}
+
+// maxDirNames bounds the names ListDir sorts (its memory: a page is cut
+// from all of them).
+const maxDirNames = 1 << 20
+
+// readNames reads a directory's names, at most maxDirNames.
+func readNames(dir *os.File) ([]string, error) {
+	var names []string
+	for {
+		batch, err := dir.Readdirnames(4096)
+		names = append(names, batch...)
+		if len(names) > maxDirNames {
+			return nil, errInvalid("the directory has more than %d entries: too many to list", maxDirNames)
+		}
+		if errors.Is(err, io.EOF) || (err == nil && len(batch) == 0) {
+			return names, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
 }
 
 // parentIn opens the parent directory of p in root and returns it with
