@@ -59,6 +59,11 @@ proto-check:
 snapshot-proto:
 	PATH="$$PATH:$$($(GO) env GOPATH)/bin" $(GO) generate ./shim/snapshotapi
 
+# Regenerate shim/filesapi/*.pb.go, the shim's files service cube.files.v1 (same generators).
+.PHONY: files-proto
+files-proto:
+	PATH="$$PATH:$$($(GO) env GOPATH)/bin" $(GO) generate ./shim/filesapi
+
 # Unit tier (no root, no KVM) and host-KVM tier (tiny synthetic guests on this machine's /dev/kvm; those tests
 # skip with a message when it is absent or PVM, and run for real inside the test host: integration/kvm builds
 # the hypervisor packages' test binaries and runs them there, failing on such a skip). -short keeps the test
@@ -102,7 +107,7 @@ demo: deps build
 	$(GO) test -count=1 -v -run TestCtrRun ./integration/shim
 
 # Every fuzz target, one after another (each part's FUZZTIME / DEVICE_FUZZTIME per target).
-fuzz: fuzz-hypervisor fuzz-devices agent-fuzz snapshotter-fuzz fuzz-shim fuzz-snapshot fuzz-store fuzz-cli
+fuzz: fuzz-hypervisor fuzz-devices agent-fuzz snapshotter-fuzz fuzz-shim fuzz-snapshot fuzz-store fuzz-cli fuzz-api
 
 clean:
 	rm -rf $(BIN)
@@ -266,6 +271,13 @@ cube:
 fuzz-cli:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseBootstrap$$' -fuzztime $(FUZZTIME) ./checkpoint/shimclient
 # <<< cube CLI
+
+# >>> cube-api (issue 15)
+.PHONY: fuzz-api
+# cube-api's parsers of untrusted HTTP bodies and query strings (rollback, fork, snapshots, commands, files).
+fuzz-api:
+	$(GO) test -run '^$$' -fuzz '^FuzzRequests$$' -fuzztime $(FUZZTIME) ./checkpoint/api
+# <<< cube-api
 
 # >>> cube-api and SDKs (issue 15) — the HTTP facade, checkpoint/api; SDKs in contrib/sdk/.
 .PHONY: cube-api e2e-api test-sdk

@@ -58,11 +58,20 @@ type KillRequest struct {
 	Signal string `json:"signal"`
 }
 
+// ExecIDPrefix begins the containerd exec id of every command cube-api
+// starts: the guest's processes whose exec id has it are commands.
+const ExecIDPrefix = "cmd-"
+
 // command is a started process and who listens to its output.
 type command struct {
-	info  CommandInfo
-	proc  Process
-	stdin *io.PipeWriter // nil without stdin
+	info   CommandInfo
+	execID string
+	proc   Process
+	stdin  *io.PipeWriter // nil without stdin
+	// adopted: cube-api did not start it in this run, or containerd forgot
+	// it (a rollback brought it back): it is signalled through the shim and
+	// dropped once the guest says it stopped (no output, no exit code).
+	adopted bool
 
 	mu      sync.Mutex
 	sub     chan Event    // nil once nobody listens
@@ -104,13 +113,28 @@ func (w streamWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// commands are the running commands of every sandbox, by sandbox and pid.
+// commands are the running commands of every sandbox, by sandbox and pid,
+// and the last ones that exited, by sandbox and exec id (a rollback may
+// bring them back: their description is kept for the list).
 type commands struct {
-	mu sync.Mutex
-	m  map[string]map[uint32]*command
+	mu   sync.Mutex
+	m    map[string]map[uint32]*command
+	past map[string]*pastCommands
 }
 
-func newCommands() *commands { return &commands{m: map[string]map[uint32]*command{}} }
+// pastCommands are the descriptions of the commands of a sandbox that
+// exited, the oldest first, at most maxPast.
+type pastCommands struct {
+	order []string
+	info  map[string]CommandInfo
+}
+
+// maxPast bounds the exited commands remembered per sandbox.
+const maxPast = 256
+
+func newCommands() *commands {
+	return &commands{m: map[string]map[uint32]*command{}, past: map[string]*pastCommands{}}
+}
 
 func (cs *commands) add(sandbox string, c *command) {
 	cs.mu.Lock()
@@ -127,12 +151,108 @@ func (cs *commands) remove(sandbox string, c *command) {
 	if cs.m[sandbox][c.info.Pid] == c {
 		delete(cs.m[sandbox], c.info.Pid)
 	}
+	if c.execID == "" {
+		return
+	}
+	p := cs.past[sandbox]
+	if p == nil {
+		p = &pastCommands{info: map[string]CommandInfo{}}
+		cs.past[sandbox] = p
+	}
+	if _, ok := p.info[c.execID]; !ok {
+		p.order = append(p.order, c.execID)
+	}
+	p.info[c.execID] = c.info
+	for len(p.order) > maxPast {
+		delete(p.info, p.order[0])
+		p.order = p.order[1:]
+	}
 }
 
 func (cs *commands) forget(sandbox string) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	delete(cs.m, sandbox)
+	delete(cs.past, sandbox)
+}
+
+// reconcile makes the sandbox's list agree with the guest's processes:
+// a command the guest runs that the list lacks (a rollback brought it
+// back, or cube-api restarted) is adopted, with its description when it is
+// remembered; an adopted one the guest no longer runs is dropped. The
+// commands cube-api started and waits for leave when their wait ends.
+func (cs *commands) reconcile(sandbox string, guest []GuestProcess, signal func(ctx context.Context, execID string, sig syscall.Signal) error, now time.Time) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	running := map[string]GuestProcess{}
+	for _, g := range guest {
+		if g.Running && strings.HasPrefix(g.ExecID, ExecIDPrefix) {
+			running[g.ExecID] = g
+		}
+	}
+	byExec := map[string]*command{}
+	for pid, c := range cs.m[sandbox] {
+		if _, ok := running[c.execID]; c.adopted && !ok {
+			delete(cs.m[sandbox], pid)
+			continue
+		}
+		byExec[c.execID] = c
+	}
+	for execID, g := range running {
+		if byExec[execID] != nil {
+			continue
+		}
+		info, ok := CommandInfo{}, false
+		if p := cs.past[sandbox]; p != nil {
+			info, ok = p.info[execID]
+		}
+		if !ok {
+			info = CommandInfo{Args: []string{}, StartedAt: now}
+		}
+		info.Pid = g.Pid
+		if cs.m[sandbox] == nil {
+			cs.m[sandbox] = map[uint32]*command{}
+		}
+		cs.m[sandbox][g.Pid] = &command{info: info, execID: execID, adopted: true,
+			proc: adoptedProcess{pid: g.Pid, execID: execID, signal: signal}}
+	}
+}
+
+// adoptedProcess is a command cube-api does not wait for: signalled
+// through the shim (which reaches also a process containerd forgot).
+type adoptedProcess struct {
+	pid    uint32
+	execID string
+	signal func(ctx context.Context, execID string, sig syscall.Signal) error
+}
+
+func (p adoptedProcess) Pid() uint32    { return p.pid }
+func (p adoptedProcess) ExecID() string { return p.execID }
+
+func (p adoptedProcess) Wait(ctx context.Context) (int, error) {
+	return 0, fmt.Errorf("command %d came back with a rollback (or from before a restart of cube-api): its exit is not reported: %w", p.pid, errdefs.ErrNotImplemented)
+}
+
+func (p adoptedProcess) Kill(ctx context.Context, sig syscall.Signal) error {
+	return p.signal(ctx, p.execID, sig)
+}
+
+func (p adoptedProcess) CloseStdin(ctx context.Context) error {
+	return fmt.Errorf("command %d came back with a rollback (or from before a restart of cube-api): its stdin is not connected: %w", p.pid, errdefs.ErrFailedPrecondition)
+}
+
+// syncCommands reconciles sandbox id's commands with its guest's processes
+// (a shim that cannot list them, or a sandbox that is not running, leaves
+// the list as it is).
+func (s *Server) syncCommands(ctx context.Context, id string) error {
+	guest, err := s.be.GuestProcesses(ctx, id)
+	if err != nil {
+		return err
+	}
+	s.cmds.reconcile(id, guest, func(ctx context.Context, execID string, sig syscall.Signal) error {
+		return s.be.SignalGuest(ctx, id, execID, sig)
+	}, s.now().UTC())
+	return nil
 }
 
 func (cs *commands) get(sandbox, pid string) (*command, error) {
@@ -206,7 +326,7 @@ func (s *Server) runCommand(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	c.proc = p
+	c.proc, c.execID = p, p.ExecID()
 	c.info = CommandInfo{Pid: p.Pid(), Cmd: req.Cmd, Args: req.Args, Cwd: req.Cwd, User: req.User, StartedAt: s.now().UTC()}
 	if c.info.Args == nil {
 		c.info.Args = []string{}
@@ -264,10 +384,19 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, c *command) erro
 	}
 }
 
+// listCommands lists the running commands: those cube-api started and
+// those the guest runs that a rollback brought back (or that ran before a
+// restart of cube-api).
 func (s *Server) listCommands(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("sandboxID")
-	if _, err := s.be.Get(r.Context(), id); err != nil {
+	c, err := s.be.Get(r.Context(), id)
+	if err != nil {
 		return err
+	}
+	if stateOf(c.Status) == "running" {
+		if err := s.syncCommands(r.Context(), id); err != nil {
+			logOf(r).WithError(err).WithField("sandbox", id).Warn("commands: the guest's processes (the list shows those cube-api waits for)")
+		}
 	}
 	writeJSON(w, http.StatusOK, s.cmds.list(id))
 	return nil
@@ -293,7 +422,9 @@ func (s *Server) commandStdin(w http.ResponseWriter, r *http.Request) error {
 	}
 	if req.EOF {
 		c.stdin.Close()
-		if err := c.proc.CloseStdin(r.Context()); err != nil {
+		// Closing the pipe ends the input: the process may read its EOF,
+		// exit and be deleted before CloseStdin. It has its EOF then.
+		if err := c.proc.CloseStdin(r.Context()); err != nil && !errdefs.IsNotFound(err) {
 			return err
 		}
 	}

@@ -27,6 +27,7 @@ const (
 	DefaultRuntime         = shimclient.RuntimeName
 	DefaultSnapshotter     = "cube"
 	DefaultMaxBodyBytes    = 1 << 20
+	DefaultMaxFileBytes    = 64 << 20
 	DefaultRequestTimeout  = "5m"
 	DefaultShutdownTimeout = "30s"
 	DefaultReapInterval    = "1s"
@@ -65,6 +66,9 @@ type Config struct {
 	MaxSandboxTimeout     int `toml:"max_sandbox_timeout"`
 	// MaxBodyBytes bounds a request body (413 beyond).
 	MaxBodyBytes int64 `toml:"max_body_bytes"`
+	// MaxFileBytes bounds a file written or read whole through the files
+	// routes (413 beyond for a write; larger files are read in parts).
+	MaxFileBytes int64 `toml:"max_file_bytes"`
 	// RequestTimeout bounds a request other than a command's output stream.
 	RequestTimeout string `toml:"request_timeout"`
 	// ShutdownTimeout bounds a graceful shutdown.
@@ -81,7 +85,7 @@ func DefaultConfig() Config {
 		Listen: DefaultListen, ContainerdAddress: defaults.DefaultAddress, ContainerdState: shimclient.DefaultState,
 		Namespace: DefaultNamespace, Runtime: DefaultRuntime, Snapshotter: DefaultSnapshotter, StoreRoot: store.DefaultRoot,
 		DefaultSandboxTimeout: DefaultSandboxTimeout, MaxSandboxTimeout: DefaultMaxTimeout, MaxBodyBytes: DefaultMaxBodyBytes,
-		RequestTimeout: DefaultRequestTimeout, ShutdownTimeout: DefaultShutdownTimeout, ReapInterval: DefaultReapInterval,
+		MaxFileBytes: DefaultMaxFileBytes, RequestTimeout: DefaultRequestTimeout, ShutdownTimeout: DefaultShutdownTimeout, ReapInterval: DefaultReapInterval,
 		LogLevel: "info",
 	}
 }
@@ -163,6 +167,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxBodyBytes <= 0 {
 		return bad("max_body_bytes %d is not positive", c.MaxBodyBytes)
+	}
+	if c.MaxFileBytes <= 0 || c.MaxFileBytes > 1<<40 {
+		return bad("max_file_bytes %d is out of range 1..2^40", c.MaxFileBytes)
 	}
 	for _, k := range c.APIKeys {
 		if len(k) < 16 || strings.TrimSpace(k) != k {

@@ -22,6 +22,7 @@ import (
 	"github.com/cube-runtime/cube/checkpoint/shimclient"
 	"github.com/cube-runtime/cube/checkpoint/snapshots"
 	"github.com/cube-runtime/cube/checkpoint/store"
+	snapapi "github.com/cube-runtime/cube/shim/snapshotapi"
 )
 
 // Containerd is the Backend over containerd's client and the shim's
@@ -235,24 +236,80 @@ func (c *Containerd) SetLabels(ctx context.Context, id string, labels map[string
 	return nil
 }
 
-// Snapshot implements Backend: snapshots.Take through the sandbox's shim.
-func (c *Containerd) Snapshot(ctx context.Context, id string, names []string) (snapshots.Taken, error) {
+// shimOf dials the shim of sandbox id; the caller closes it.
+func (c *Containerd) shimOf(ctx context.Context, id string) (*shimclient.Client, shimclient.Target, error) {
 	if _, err := c.load(ctx, id); err != nil {
-		return snapshots.Taken{}, err
+		return nil, shimclient.Target{}, err
 	}
 	l := shimclient.Locator{State: c.State, Address: c.Conn.Address, Namespace: c.Namespace}
 	target, err := shimclient.Resolve(ctx, c.Conn, l, id)
 	if err != nil {
-		return snapshots.Taken{}, err
+		return nil, shimclient.Target{}, err
 	}
 	sh, err := shimclient.Dial(ctx, target.Address)
 	if err != nil {
-		return snapshots.Taken{}, fmt.Errorf("sandbox %s: its shim: %w", id, err)
+		return nil, shimclient.Target{}, fmt.Errorf("sandbox %s: its shim: %w", id, err)
+	}
+	return sh, target, nil
+}
+
+// Snapshot implements Backend: snapshots.Take through the sandbox's shim.
+func (c *Containerd) Snapshot(ctx context.Context, id string, names []string) (snapshots.Taken, error) {
+	sh, target, err := c.shimOf(ctx, id)
+	if err != nil {
+		return snapshots.Taken{}, err
 	}
 	defer sh.Close()
 	t, err := snapshots.Take(ctx, c.Store, sh, snapshots.Options{Container: id,
 		Sandbox: snapshots.SandboxKey(c.Namespace, target.Container.Group), Names: names})
 	return t, takeError(err)
+}
+
+// Rollback implements Backend: snapshots.Rollback through the sandbox's shim.
+func (c *Containerd) Rollback(ctx context.Context, id, ref string) (snapshots.RolledBack, error) {
+	sh, target, err := c.shimOf(ctx, id)
+	if err != nil {
+		return snapshots.RolledBack{}, err
+	}
+	defer sh.Close()
+	rb, err := snapshots.Rollback(ctx, c.Store, sh, snapshots.RollbackOptions{Container: id,
+		Sandbox: snapshots.SandboxKey(c.Namespace, target.Container.Group), Ref: ref})
+	return rb, takeError(err)
+}
+
+// GuestProcesses implements Backend: the shim's ListProcesses, the
+// sandbox's own container's processes.
+func (c *Containerd) GuestProcesses(ctx context.Context, id string) ([]GuestProcess, error) {
+	sh, _, err := c.shimOf(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	defer sh.Close()
+	resp, err := sh.ListProcesses(ctx, &snapapi.ListProcessesRequest{ContainerId: id})
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: the guest's processes: %w", id, err)
+	}
+	var out []GuestProcess
+	for _, p := range resp.GetProcesses() {
+		if p.GetContainerId() != id {
+			continue
+		}
+		out = append(out, GuestProcess{ExecID: p.GetExecId(), Pid: p.GetPid(), Running: p.GetStatus() == "running", Known: p.GetKnown()})
+	}
+	return out, nil
+}
+
+// SignalGuest implements Backend: the shim's Signal.
+func (c *Containerd) SignalGuest(ctx context.Context, id, execID string, sig syscall.Signal) error {
+	sh, _, err := c.shimOf(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer sh.Close()
+	if _, err := sh.Signal(ctx, &snapapi.SignalRequest{ContainerId: id, ExecId: execID, Signal: uint32(sig)}); err != nil {
+		return fmt.Errorf("sandbox %s: signal %d to %s: %w", id, sig, execID, err)
+	}
+	return nil
 }
 
 // parseUser reads "root", "UID" or "UID:GID" (names would need the guest's /etc/passwd).
@@ -304,7 +361,7 @@ func (c *Containerd) Exec(ctx context.Context, id string, es ExecSpec, eio ExecI
 	}
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
-	execID := "cmd-" + hex.EncodeToString(b)
+	execID := ExecIDPrefix + hex.EncodeToString(b)
 	var stdin io.Reader
 	var stdinDone chan struct{}
 	if eio.Stdin != nil {
@@ -323,7 +380,30 @@ func (c *Containerd) Exec(ctx context.Context, id string, es ExecSpec, eio ExecI
 		_, _ = proc.Delete(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("sandbox %s: start %s: %w", id, es.Cmd, err)
 	}
-	return &execProcess{p: proc, exitC: exitC, ns: c.Namespace, stdinDone: stdinDone}, nil
+	// containerd's pid of an io.cube.v1 process is the VMM's host pid, the
+	// same for every exec: the API names a command by its guest pid.
+	pid, err := c.guestPid(ctx, id, execID)
+	if err != nil {
+		_ = proc.Kill(context.WithoutCancel(ctx), syscall.SIGKILL)
+		_, _ = proc.Delete(context.WithoutCancel(ctx), containerd.WithProcessKill)
+		return nil, fmt.Errorf("sandbox %s: %s started, but its guest pid is unknown (it was killed): %w", id, es.Cmd, err)
+	}
+	return &execProcess{p: proc, pid: pid, exitC: exitC, ns: c.Namespace, stdinDone: stdinDone}, nil
+}
+
+// guestPid is the guest pid of exec execID of sandbox id (the shim's
+// ListProcesses).
+func (c *Containerd) guestPid(ctx context.Context, id, execID string) (uint32, error) {
+	ps, err := c.GuestProcesses(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	for _, p := range ps {
+		if p.ExecID == execID && p.Pid != 0 {
+			return p.Pid, nil
+		}
+	}
+	return 0, fmt.Errorf("the guest does not list exec %s: %w", execID, errdefs.ErrNotFound)
 }
 
 // eofReader closes done once r reached its end: cio's copy into the fifo
@@ -345,13 +425,16 @@ func (e *eofReader) Read(p []byte) (int, error) {
 // execProcess is a containerd exec as a Process.
 type execProcess struct {
 	p     containerd.Process
+	pid   uint32 // in the guest
 	exitC <-chan containerd.ExitStatus
 	ns    string
 	// stdinDone is closed when the input was copied to the end (nil: no stdin).
 	stdinDone chan struct{}
 }
 
-func (e *execProcess) Pid() uint32 { return e.p.Pid() }
+func (e *execProcess) Pid() uint32 { return e.pid }
+
+func (e *execProcess) ExecID() string { return e.p.ID() }
 
 // ioDrain bounds waiting for the output after the exit (a background child
 // holding stdout open would hold it forever).

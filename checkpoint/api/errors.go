@@ -54,8 +54,7 @@ func (c conflictError) Unwrap() []error { return []error{c.err, errdefs.ErrConfl
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	code := statusOf(err)
 	msg := err.Error()
-	var mb *http.MaxBytesError
-	if errors.As(err, &mb) {
+	if mb, ok := err.(*http.MaxBytesError); ok {
 		msg = fmt.Sprintf("request body larger than %d bytes (max_body_bytes)", mb.Limit)
 	}
 	entry := logOf(r).WithError(err).WithField("status", code)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -38,11 +39,30 @@ type fakeBackend struct {
 	// snapBlock, when set, is waited on inside Snapshot (to test "busy").
 	snapBlock chan struct{}
 	snapping  map[string]bool
+	// guest is each sandbox's guest processes by exec id; snapGuest what
+	// each snapshot saw (a rollback brings it back).
+	guest     map[string]map[string]*fakeGuestProc
+	snapGuest map[string]map[string]fakeGuestProc
+	// rollbackBlock, when set, is waited on inside Rollback; rollbackErr is
+	// the shim's answer when set.
+	rollbackBlock chan struct{}
+	rollbackErr   error
+	// DirFiles is the guest's file system: a directory per sandbox.
+	*DirFiles
+}
+
+// fakeGuestProc is a process of the fake guest.
+type fakeGuestProc struct {
+	pid     uint32
+	running bool
+	known   bool
+	proc    *fakeProc // nil for one a rollback revived
 }
 
 func newFake(st *store.Store) *fakeBackend {
 	return &fakeBackend{images: map[string]bool{"docker.io/library/busybox:latest": true}, ctrs: map[string]*Container{},
-		specs: map[string]CreateSpec{}, st: st, ns: DefaultNamespace, pid: 100, snapping: map[string]bool{}}
+		specs: map[string]CreateSpec{}, st: st, ns: DefaultNamespace, pid: 100, snapping: map[string]bool{},
+		guest: map[string]map[string]*fakeGuestProc{}, snapGuest: map[string]map[string]fakeGuestProc{}}
 }
 
 func (f *fakeBackend) CheckImage(ctx context.Context, ref string) error {
@@ -183,23 +203,47 @@ func (f *fakeBackend) Snapshot(ctx context.Context, id string, names []string) (
 	f.snapping[id] = true
 	f.mu.Unlock()
 	defer func() { f.mu.Lock(); delete(f.snapping, id); f.mu.Unlock() }()
-	return snapshots.Take(ctx, f.st, fakeShim{f}, snapshots.Options{Container: id, Sandbox: snapshots.SandboxKey(f.ns, id), Names: names})
+	t, err := snapshots.Take(ctx, f.st, fakeShim{f}, snapshots.Options{Container: id, Sandbox: snapshots.SandboxKey(f.ns, id), Names: names})
+	if err == nil {
+		f.mu.Lock()
+		seen := map[string]fakeGuestProc{}
+		for e, g := range f.guest[id] {
+			seen[e] = *g
+		}
+		f.snapGuest[t.Snapshot.ID] = seen
+		f.mu.Unlock()
+	}
+	return t, err
 }
 
 // fakeProc runs one of the built-in programs: echo ARGS (stdout), fail
 // (stderr "boom", exit 3), cat (stdin to stdout), sleep (until killed: 137).
 type fakeProc struct {
 	pid    uint32
+	execID string
 	done   chan struct{}
 	code   int
 	killC  chan syscall.Signal
 	stdinC chan struct{}
+	// ended is closed by a rollback that ends the process (137).
+	ended   chan struct{}
+	f       *fakeBackend
+	sandbox string
 }
 
-func (p *fakeProc) Pid() uint32 { return p.pid }
+func (p *fakeProc) Pid() uint32    { return p.pid }
+func (p *fakeProc) ExecID() string { return p.execID }
 func (p *fakeProc) Wait(ctx context.Context) (int, error) {
 	select {
 	case <-p.done:
+		// Wait deletes the exec (the guest forgets it).
+		if p.f != nil {
+			p.f.mu.Lock()
+			if g := p.f.guest[p.sandbox][p.execID]; g != nil && g.proc == p {
+				delete(p.f.guest[p.sandbox], p.execID)
+			}
+			p.f.mu.Unlock()
+		}
 		return p.code, nil
 	case <-ctx.Done():
 		return 0, ctx.Err()
@@ -227,7 +271,14 @@ func (f *fakeBackend) Exec(ctx context.Context, id string, es ExecSpec, eio Exec
 		err = fmt.Errorf("sandbox %s is %s: %w", id, c.Status, errdefs.ErrFailedPrecondition)
 	}
 	f.pid++
-	p := &fakeProc{pid: f.pid, done: make(chan struct{}), killC: make(chan syscall.Signal)}
+	p := &fakeProc{pid: f.pid, execID: fmt.Sprintf("%s%d", ExecIDPrefix, f.pid), done: make(chan struct{}),
+		killC: make(chan syscall.Signal), ended: make(chan struct{}), f: f, sandbox: id}
+	if err == nil && es.Cmd != "nonexistent" {
+		if f.guest[id] == nil {
+			f.guest[id] = map[string]*fakeGuestProc{}
+		}
+		f.guest[id][p.execID] = &fakeGuestProc{pid: p.pid, running: true, known: true, proc: p}
+	}
 	f.mu.Unlock()
 	if err != nil {
 		return nil, err
@@ -237,6 +288,13 @@ func (f *fakeBackend) Exec(ctx context.Context, id string, es ExecSpec, eio Exec
 	}
 	go func() {
 		defer close(p.done)
+		defer func() {
+			f.mu.Lock()
+			if g := f.guest[id][p.execID]; g != nil && g.proc == p {
+				g.running = false
+			}
+			f.mu.Unlock()
+		}()
 		switch es.Cmd {
 		case "echo":
 			fmt.Fprintln(eio.Stdout, strings.Join(append(append([]string{}, es.Args...), es.Env...), " "))
@@ -249,8 +307,12 @@ func (f *fakeBackend) Exec(ctx context.Context, id string, es ExecSpec, eio Exec
 				_, _ = io.Copy(eio.Stdout, eio.Stdin)
 			}
 		case "sleep":
-			sig := <-p.killC
-			p.code = 128 + int(sig)
+			select {
+			case sig := <-p.killC:
+				p.code = 128 + int(sig)
+			case <-p.ended:
+				p.code = 137
+			}
 		}
 	}()
 	return p, nil
@@ -292,7 +354,9 @@ func newEnv(t *testing.T, mod func(*Config), keys ...string) *env {
 	if mod != nil {
 		mod(&cfg)
 	}
-	e := &env{t: t, f: newFake(st), st: st, now: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC), logs: &bytes.Buffer{}}
+	f := newFake(st)
+	f.DirFiles = &DirFiles{Root: t.TempDir()}
+	e := &env{t: t, f: f, st: st, now: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC), logs: &bytes.Buffer{}}
 	log := logrus.New()
 	log.SetOutput(e.logs)
 	log.SetLevel(logrus.DebugLevel)
@@ -380,4 +444,102 @@ func (e *env) create(body map[string]any) Sandbox {
 	var sb Sandbox
 	e.want("POST", "/sandboxes", body, http.StatusCreated, &sb)
 	return sb
+}
+
+// fakeRollbackShim rolls the fake guest back: the processes of the
+// snapshot run again (unknown to containerd when it deleted them), the
+// ones started after it end.
+type fakeRollbackShim struct {
+	f  *fakeBackend
+	id string
+}
+
+func (s fakeRollbackShim) List(ctx context.Context, req *snapapi.ListRequest) (*snapapi.ListResponse, error) {
+	return &snapapi.ListResponse{VmmPid: uint32(os.Getpid())}, nil
+}
+
+func (s fakeRollbackShim) Rollback(ctx context.Context, req *snapapi.RollbackRequest) (*snapapi.RollbackResponse, error) {
+	if b := s.f.rollbackBlock; b != nil {
+		<-b
+	}
+	if s.f.rollbackErr != nil {
+		return nil, s.f.rollbackErr
+	}
+	f := s.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	then := f.snapGuest[req.Id]
+	resp := &snapapi.RollbackResponse{SandboxId: s.id, Id: req.Id, VmmPid: uint32(os.Getpid()), Memory: "rewrite-dirty",
+		Timings: &snapapi.RollbackTimings{VmmFrozenMs: 2, ShimTotalMs: 9}}
+	now := f.guest[s.id]
+	if now == nil {
+		now = map[string]*fakeGuestProc{}
+		f.guest[s.id] = now
+	}
+	for e, g := range now {
+		if _, ok := then[e]; !ok && g.running {
+			if g.proc != nil {
+				close(g.proc.ended)
+			}
+			delete(now, e)
+			resp.Processes = append(resp.Processes, &snapapi.ProcessChange{ContainerId: s.id, ExecId: e, Pid: g.pid, Action: "ended", Status: "stopped"})
+		}
+	}
+	for e, g := range then {
+		if !g.running {
+			continue
+		}
+		if cur := now[e]; cur != nil && cur.running {
+			resp.Processes = append(resp.Processes, &snapapi.ProcessChange{ContainerId: s.id, ExecId: e, Pid: g.pid, Action: "reattached", Status: "running"})
+			continue
+		}
+		now[e] = &fakeGuestProc{pid: g.pid, running: true}
+		resp.Processes = append(resp.Processes, &snapapi.ProcessChange{ContainerId: s.id, ExecId: e, Pid: g.pid, Action: "unknown", Status: "running"})
+	}
+	return resp, nil
+}
+
+func (f *fakeBackend) Rollback(ctx context.Context, id, ref string) (snapshots.RolledBack, error) {
+	f.mu.Lock()
+	if _, err := f.get(id); err != nil {
+		f.mu.Unlock()
+		return snapshots.RolledBack{}, err
+	}
+	f.mu.Unlock()
+	rb, err := snapshots.Rollback(ctx, f.st, fakeRollbackShim{f, id}, snapshots.RollbackOptions{Container: id, Sandbox: snapshots.SandboxKey(f.ns, id), Ref: ref})
+	return rb, takeError(err)
+}
+
+func (f *fakeBackend) GuestProcesses(ctx context.Context, id string) ([]GuestProcess, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, err := f.get(id); err != nil {
+		return nil, err
+	}
+	var out []GuestProcess
+	for e, g := range f.guest[id] {
+		out = append(out, GuestProcess{ExecID: e, Pid: g.pid, Running: g.running, Known: g.known})
+	}
+	return out, nil
+}
+
+func (f *fakeBackend) SignalGuest(ctx context.Context, id, execID string, sig syscall.Signal) error {
+	f.mu.Lock()
+	g := f.guest[id][execID]
+	if g == nil || !g.running {
+		f.mu.Unlock()
+		return fmt.Errorf("no running process %s: %w", execID, errdefs.ErrNotFound)
+	}
+	if g.proc == nil {
+		g.running = false
+		f.mu.Unlock()
+		return nil
+	}
+	f.mu.Unlock()
+	return g.proc.Kill(ctx, sig)
+}
+
+// busyErr is the shim's refusal while a snapshot or rollback runs.
+func busyErr(id string) error {
+	return fmt.Errorf("sandbox %s is busy: rollback of container %s runs: %w", id, id, errdefs.ErrUnavailable)
 }

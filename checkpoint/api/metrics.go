@@ -17,6 +17,7 @@ type metrics struct {
 	requests  *prometheus.CounterVec
 	latency   *prometheus.HistogramVec
 	snapshots *prometheus.HistogramVec
+	rollbacks *prometheus.HistogramVec
 	handler   http.Handler
 }
 
@@ -58,7 +59,11 @@ func newMetrics(s *Server) *metrics {
 		Name: "cube_api_snapshot_duration_seconds", Help: "Snapshots taken through the API, by result.",
 		Buckets: prometheus.ExponentialBuckets(0.01, 2, 14),
 	}, []string{"result"})
-	m.reg.MustRegister(m.requests, m.latency, m.snapshots,
+	m.rollbacks = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "cube_api_rollback_duration_seconds", Help: "Rollbacks done through the API, by result.",
+		Buckets: prometheus.ExponentialBuckets(0.01, 2, 14),
+	}, []string{"result"})
+	m.reg.MustRegister(m.requests, m.latency, m.snapshots, m.rollbacks,
 		sandboxCollector{s: s, desc: prometheus.NewDesc("cube_api_sandboxes", "Sandboxes by state.", []string{"state"}, nil)},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.handler = promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
@@ -79,6 +84,14 @@ func (m *metrics) snapshot(err error, d time.Duration) {
 		result = "error"
 	}
 	m.snapshots.WithLabelValues(result).Observe(d.Seconds())
+}
+
+func (m *metrics) rollback(err error, d time.Duration) {
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	m.rollbacks.WithLabelValues(result).Observe(d.Seconds())
 }
 
 func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) error {

@@ -143,25 +143,33 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 		}
 		env = append(env, k+"="+v)
 	}
-	if _, err := s.st.Get(r.Context(), req.TemplateID); err == nil {
-		return fmt.Errorf("templateID %q is a snapshot: creating a sandbox from a snapshot is not implemented yet: %w", req.TemplateID, errdefs.ErrNotImplemented)
-	}
-	if err := s.be.CheckImage(r.Context(), req.TemplateID); err != nil {
-		if errdefs.IsNotFound(err) {
-			return fmt.Errorf("unknown template %q: no such image or snapshot (%v): %w", req.TemplateID, err, errdefs.ErrNotFound)
-		}
-		return err
-	}
 	labels := s.deadline(timeout)
 	labels[LabelSandbox] = "1"
 	labels[LabelTemplate] = req.TemplateID
 	labels[LabelMetadata] = string(mdJSON)
 	labels[LabelStarted] = s.now().UTC().Format(time.RFC3339Nano)
 	labels[LabelAutoPause] = strconv.FormatBool(req.AutoPause)
-	c, err := s.be.Create(r.Context(), CreateSpec{ID: newSandboxID(), Image: req.TemplateID, Env: env, Labels: labels,
-		Command: s.cfg.SandboxCommand})
-	if err != nil {
-		return err
+	spec := CreateSpec{ID: newSandboxID(), Env: env, Labels: labels, Command: s.cfg.SandboxCommand}
+	var c Container
+	if sn, err := s.st.Get(r.Context(), req.TemplateID); err == nil {
+		rs, ok := s.be.(Restorer)
+		if !ok {
+			return fmt.Errorf("templateID %q is a snapshot: creating a sandbox from a snapshot is not implemented yet: %w", req.TemplateID, errdefs.ErrNotImplemented)
+		}
+		if c, err = rs.Restore(r.Context(), spec, sn); err != nil {
+			return err
+		}
+	} else {
+		if err := s.be.CheckImage(r.Context(), req.TemplateID); err != nil {
+			if errdefs.IsNotFound(err) {
+				return fmt.Errorf("field \"templateID\": unknown template %q: no such image or snapshot (%v): %w", req.TemplateID, err, errdefs.ErrNotFound)
+			}
+			return err
+		}
+		spec.Image = req.TemplateID
+		if c, err = s.be.Create(r.Context(), spec); err != nil {
+			return err
+		}
 	}
 	logOf(r).WithField("sandbox", c.ID).Info("sandbox created")
 	writeJSON(w, http.StatusCreated, sandboxOf(c))

@@ -242,6 +242,5 @@ func TestListSandboxes(t *testing.T) {
 func TestNotImplementedYet(t *testing.T) {
 	e := newEnv(t, nil)
 	id := e.create(nil).SandboxID
-	e.wantError("POST", "/sandboxes/"+id+"/rollback", map[string]any{"snapshotID": "x"}, http.StatusNotImplemented, "rollback is not implemented yet")
 	e.wantError("POST", "/sandboxes/"+id+"/fork", map[string]any{"count": 2}, http.StatusNotImplemented, "fork is not implemented yet")
 }

@@ -25,6 +25,7 @@ type Server struct {
 	log     *logrus.Logger
 	metrics *metrics
 	cmds    *commands
+	busy    *busySandboxes
 	mux     *http.ServeMux
 	routes  []route
 	now     func() time.Time
@@ -51,6 +52,9 @@ type route struct {
 	Stream bool
 	// Public: no API key needed.
 	Public bool
+	// FileBody: its body is a file's contents, bounded by max_file_bytes
+	// (else max_body_bytes).
+	FileBody bool
 }
 
 // New makes a server; keys are the API keys (none: no auth).
@@ -60,7 +64,7 @@ func New(cfg Config, keys []string, be Backend, st Snapshots, o Options) (*Serve
 	}
 	dur, _ := cfg.Durations()
 	s := &Server{cfg: cfg, dur: dur, be: be, st: st, log: o.Log, now: o.Now, mux: http.NewServeMux(),
-		cmds: newCommands(), stop: make(chan struct{})}
+		cmds: newCommands(), busy: newBusySandboxes(), stop: make(chan struct{})}
 	if s.log == nil {
 		s.log = logrus.StandardLogger()
 	}
@@ -98,8 +102,8 @@ func (s *Server) routeTable() []route {
 		{Method: "POST", Path: "/sandboxes/{sandboxID}/connect", h: s.connectSandbox},
 		{Method: "POST", Path: "/sandboxes/{sandboxID}/timeout", h: s.setTimeout},
 		{Method: "POST", Path: "/sandboxes/{sandboxID}/refreshes", h: s.refresh},
-		{Method: "POST", Path: "/sandboxes/{sandboxID}/rollback", h: notYet("rollback")},
-		{Method: "POST", Path: "/sandboxes/{sandboxID}/fork", h: notYet("fork")},
+		{Method: "POST", Path: "/sandboxes/{sandboxID}/rollback", h: s.rollback},
+		{Method: "POST", Path: "/sandboxes/{sandboxID}/fork", h: s.fork},
 		{Method: "POST", Path: "/sandboxes/{sandboxID}/snapshots", h: s.createSnapshot},
 		{Method: "GET", Path: "/snapshots", h: s.listSnapshots},
 		{Method: "GET", Path: "/snapshots/{snapshotID}", h: s.getSnapshot},
@@ -108,6 +112,12 @@ func (s *Server) routeTable() []route {
 		{Method: "GET", Path: "/sandboxes/{sandboxID}/commands", h: s.listCommands},
 		{Method: "POST", Path: "/sandboxes/{sandboxID}/commands/{pid}/stdin", h: s.commandStdin},
 		{Method: "POST", Path: "/sandboxes/{sandboxID}/commands/{pid}/kill", h: s.killCommand},
+		{Method: "GET", Path: "/sandboxes/{sandboxID}/files", h: s.readFile},
+		{Method: "PUT", Path: "/sandboxes/{sandboxID}/files", h: s.writeFile, FileBody: true},
+		{Method: "DELETE", Path: "/sandboxes/{sandboxID}/files", h: s.removeFile},
+		{Method: "GET", Path: "/sandboxes/{sandboxID}/files/stat", h: s.statFile},
+		{Method: "GET", Path: "/sandboxes/{sandboxID}/files/list", h: s.listDir},
+		{Method: "POST", Path: "/sandboxes/{sandboxID}/files/dir", h: s.makeDir},
 	}
 }
 
@@ -116,13 +126,6 @@ func (s *Server) Handler() http.Handler { return s.mux }
 
 // Stop ends the command output streams (their processes run on).
 func (s *Server) Stop() { s.stopOnce.Do(func() { close(s.stop) }) }
-
-// notYet is a route for an operation not implemented yet.
-func notYet(what string) func(http.ResponseWriter, *http.Request) error {
-	return func(http.ResponseWriter, *http.Request) error {
-		return fmt.Errorf("%s is not implemented yet in cube-api: %w", what, errdefs.ErrNotImplemented)
-	}
-}
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -197,7 +200,11 @@ func (s *Server) wrap(rt route) http.Handler {
 			defer cancel()
 		}
 		r = r.WithContext(ctx)
-		r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
+		limit := s.cfg.MaxBodyBytes
+		if rt.FileBody {
+			limit = s.cfg.MaxFileBytes
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, limit)
 		sw := &statusWriter{ResponseWriter: w}
 		// The body must arrive within BodyTimeout (a stream route clears the
 		// deadline once it has read its body).

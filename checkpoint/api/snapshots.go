@@ -67,6 +67,11 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
 	if req.Name != "" {
 		names = []string{req.Name}
 	}
+	unlock, err := s.busy.lock(id, "snapshot")
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	start := time.Now()
 	t, err := s.be.Snapshot(r.Context(), id, names)
 	s.metrics.snapshot(err, time.Since(start))

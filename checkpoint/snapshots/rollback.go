@@ -81,7 +81,13 @@ func Rollback(ctx context.Context, st *store.Store, sh RollbackShim, o RollbackO
 	}
 	resp, err := sh.Rollback(ctx, &api.RollbackRequest{ContainerId: o.Container, Dir: snap.Dir, Id: snap.ID})
 	if err != nil {
-		if !contains(before, snap.ID) {
+		// Ordering: a refusal because the sandbox is busy (Unavailable)
+		// keeps the reference: the rollback running meanwhile, from another
+		// process, may be to this snapshot, and its reference is the same
+		// file (one per holder); dropping it would let the snapshot be
+		// deleted while its VM maps it. A kept one is dropped by the
+		// sandbox's next rollback, or goes stale with its VMM.
+		if !contains(before, snap.ID) && !errdefs.IsUnavailable(err) {
 			if rerr := st.Release(context.WithoutCancel(ctx), snap.ID, holder); rerr != nil {
 				err = errors.Join(err, fmt.Errorf("and releasing its reference failed (the store's next start drops it once the VM is gone): %w", rerr))
 			}

@@ -3,6 +3,7 @@ package snapshots
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -86,6 +87,21 @@ func TestRollbackHoldsTheSnapshot(t *testing.T) {
 	}
 	if len(h.holders(t, "s1")) != 0 || len(h.holders(t, "s2")) != 1 {
 		t.Fatalf("after a failed rollback: s1 held by %v, s2 by %v", h.holders(t, "s1"), h.holders(t, "s2"))
+	}
+	// Refused as busy (Unavailable): another rollback may be running to
+	// this very snapshot, under the same reference: it stays.
+	sh.fail = fmt.Errorf("rollback of c1: sandbox c1 is busy: %w", errdefs.ErrUnavailable)
+	if _, err := Rollback(h.ctx, h.st, sh, o); !errdefs.IsUnavailable(err) {
+		t.Fatalf("busy rollback: %v", err)
+	}
+	if len(h.holders(t, "s1")) != 1 {
+		t.Fatalf("after a busy refusal: s1 held by %v, want the reference kept", h.holders(t, "s1"))
+	}
+	// The next rollback drops it.
+	sh.fail = nil
+	o.Ref = "s2"
+	if rb, err = Rollback(h.ctx, h.st, sh, o); err != nil || len(rb.Released) != 1 || rb.Released[0] != s1.ID {
+		t.Fatalf("rollback after the busy one: %+v %v", rb, err)
 	}
 	// Again to the one it holds: still held once.
 	sh.fail = nil

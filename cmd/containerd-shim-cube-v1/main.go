@@ -7,6 +7,7 @@ import (
 
 	"github.com/containerd/containerd/v2/pkg/shim"
 
+	_ "github.com/cube-runtime/cube/shim/filessvc/plugin"
 	"github.com/cube-runtime/cube/shim/manager"
 	_ "github.com/cube-runtime/cube/shim/snapshotsvc/plugin"
 	_ "github.com/cube-runtime/cube/shim/task/plugin"

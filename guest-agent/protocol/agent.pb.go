@@ -2152,6 +2152,496 @@ func (x *WriteFileResponse) GetSize() int64 {
 	return 0
 }
 
+// FileStat describes one file.
+type FileStat struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is the last element of the path: any bytes but '/' and NUL.
+	Name []byte `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// type: "file", "dir", "symlink" or "other" (device, fifo, socket).
+	Type string `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
+	Size int64  `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	// mode: the permission bits with setuid, setgid and sticky (07777).
+	Mode            uint32 `protobuf:"varint,4,opt,name=mode,proto3" json:"mode,omitempty"`
+	ModTimeUnixNano int64  `protobuf:"varint,5,opt,name=mod_time_unix_nano,json=modTimeUnixNano,proto3" json:"mod_time_unix_nano,omitempty"`
+	// symlink_target is a symlink's target, as stored.
+	SymlinkTarget []byte `protobuf:"bytes,6,opt,name=symlink_target,json=symlinkTarget,proto3" json:"symlink_target,omitempty"`
+	Uid           uint32 `protobuf:"varint,7,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid           uint32 `protobuf:"varint,8,opt,name=gid,proto3" json:"gid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FileStat) Reset() {
+	*x = FileStat{}
+	mi := &file_agent_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FileStat) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FileStat) ProtoMessage() {}
+
+func (x *FileStat) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FileStat.ProtoReflect.Descriptor instead.
+func (*FileStat) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *FileStat) GetName() []byte {
+	if x != nil {
+		return x.Name
+	}
+	return nil
+}
+
+func (x *FileStat) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *FileStat) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *FileStat) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+func (x *FileStat) GetModTimeUnixNano() int64 {
+	if x != nil {
+		return x.ModTimeUnixNano
+	}
+	return 0
+}
+
+func (x *FileStat) GetSymlinkTarget() []byte {
+	if x != nil {
+		return x.SymlinkTarget
+	}
+	return nil
+}
+
+func (x *FileStat) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *FileStat) GetGid() uint32 {
+	if x != nil {
+		return x.Gid
+	}
+	return 0
+}
+
+type StatFileRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatFileRequest) Reset() {
+	*x = StatFileRequest{}
+	mi := &file_agent_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatFileRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatFileRequest) ProtoMessage() {}
+
+func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatFileRequest.ProtoReflect.Descriptor instead.
+func (*StatFileRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *StatFileRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *StatFileRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+type StatFileResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stat          *FileStat              `protobuf:"bytes,1,opt,name=stat,proto3" json:"stat,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatFileResponse) Reset() {
+	*x = StatFileResponse{}
+	mi := &file_agent_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatFileResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatFileResponse) ProtoMessage() {}
+
+func (x *StatFileResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatFileResponse.ProtoReflect.Descriptor instead.
+func (*StatFileResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *StatFileResponse) GetStat() *FileStat {
+	if x != nil {
+		return x.Stat
+	}
+	return nil
+}
+
+type ListDirRequest struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	Path        string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// after: list the names after this one (empty: from the first).
+	After []byte `protobuf:"bytes,3,opt,name=after,proto3" json:"after,omitempty"`
+	// limit: at most this many entries; 0 or more than MaxDirEntries means MaxDirEntries.
+	Limit         uint32 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDirRequest) Reset() {
+	*x = ListDirRequest{}
+	mi := &file_agent_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDirRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDirRequest) ProtoMessage() {}
+
+func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
+func (*ListDirRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *ListDirRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *ListDirRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *ListDirRequest) GetAfter() []byte {
+	if x != nil {
+		return x.After
+	}
+	return nil
+}
+
+func (x *ListDirRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type ListDirResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Entries []*FileStat            `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	// more: entries follow the last one.
+	More          bool `protobuf:"varint,2,opt,name=more,proto3" json:"more,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDirResponse) Reset() {
+	*x = ListDirResponse{}
+	mi := &file_agent_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDirResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDirResponse) ProtoMessage() {}
+
+func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
+func (*ListDirResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *ListDirResponse) GetEntries() []*FileStat {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+func (x *ListDirResponse) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
+}
+
+type RemoveFileRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	Recursive     bool                   `protobuf:"varint,3,opt,name=recursive,proto3" json:"recursive,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveFileRequest) Reset() {
+	*x = RemoveFileRequest{}
+	mi := &file_agent_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveFileRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveFileRequest) ProtoMessage() {}
+
+func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveFileRequest.ProtoReflect.Descriptor instead.
+func (*RemoveFileRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *RemoveFileRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *RemoveFileRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *RemoveFileRequest) GetRecursive() bool {
+	if x != nil {
+		return x.Recursive
+	}
+	return false
+}
+
+type MakeDirRequest struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	Path        string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// mode of the last directory; 0 means 0755.
+	Mode          uint32 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MakeDirRequest) Reset() {
+	*x = MakeDirRequest{}
+	mi := &file_agent_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MakeDirRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MakeDirRequest) ProtoMessage() {}
+
+func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
+func (*MakeDirRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *MakeDirRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *MakeDirRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *MakeDirRequest) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+type MakeDirResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// created is false when the directory existed.
+	Created       bool `protobuf:"varint,1,opt,name=created,proto3" json:"created,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MakeDirResponse) Reset() {
+	*x = MakeDirResponse{}
+	mi := &file_agent_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MakeDirResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MakeDirResponse) ProtoMessage() {}
+
+func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
+func (*MakeDirResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *MakeDirResponse) GetCreated() bool {
+	if x != nil {
+		return x.Created
+	}
+	return false
+}
+
 type PowerOffRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -2160,7 +2650,7 @@ type PowerOffRequest struct {
 
 func (x *PowerOffRequest) Reset() {
 	*x = PowerOffRequest{}
-	mi := &file_agent_proto_msgTypes[38]
+	mi := &file_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2172,7 +2662,7 @@ func (x *PowerOffRequest) String() string {
 func (*PowerOffRequest) ProtoMessage() {}
 
 func (x *PowerOffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[38]
+	mi := &file_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2185,7 +2675,7 @@ func (x *PowerOffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerOffRequest.ProtoReflect.Descriptor instead.
 func (*PowerOffRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{38}
+	return file_agent_proto_rawDescGZIP(), []int{46}
 }
 
 // ConfigureNetworkRequest is the guest's whole network configuration.
@@ -2200,7 +2690,7 @@ type ConfigureNetworkRequest struct {
 
 func (x *ConfigureNetworkRequest) Reset() {
 	*x = ConfigureNetworkRequest{}
-	mi := &file_agent_proto_msgTypes[39]
+	mi := &file_agent_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2212,7 +2702,7 @@ func (x *ConfigureNetworkRequest) String() string {
 func (*ConfigureNetworkRequest) ProtoMessage() {}
 
 func (x *ConfigureNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[39]
+	mi := &file_agent_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2225,7 +2715,7 @@ func (x *ConfigureNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureNetworkRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{39}
+	return file_agent_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ConfigureNetworkRequest) GetInterfaces() []*NetInterface {
@@ -2268,7 +2758,7 @@ type NetInterface struct {
 
 func (x *NetInterface) Reset() {
 	*x = NetInterface{}
-	mi := &file_agent_proto_msgTypes[40]
+	mi := &file_agent_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2280,7 +2770,7 @@ func (x *NetInterface) String() string {
 func (*NetInterface) ProtoMessage() {}
 
 func (x *NetInterface) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[40]
+	mi := &file_agent_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2293,7 +2783,7 @@ func (x *NetInterface) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetInterface.ProtoReflect.Descriptor instead.
 func (*NetInterface) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{40}
+	return file_agent_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *NetInterface) GetMac() string {
@@ -2351,7 +2841,7 @@ type NetRoute struct {
 
 func (x *NetRoute) Reset() {
 	*x = NetRoute{}
-	mi := &file_agent_proto_msgTypes[41]
+	mi := &file_agent_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2363,7 +2853,7 @@ func (x *NetRoute) String() string {
 func (*NetRoute) ProtoMessage() {}
 
 func (x *NetRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[41]
+	mi := &file_agent_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2376,7 +2866,7 @@ func (x *NetRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetRoute.ProtoReflect.Descriptor instead.
 func (*NetRoute) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{41}
+	return file_agent_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *NetRoute) GetDestination() string {
@@ -2405,7 +2895,7 @@ type DNSConfig struct {
 
 func (x *DNSConfig) Reset() {
 	*x = DNSConfig{}
-	mi := &file_agent_proto_msgTypes[42]
+	mi := &file_agent_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2417,7 +2907,7 @@ func (x *DNSConfig) String() string {
 func (*DNSConfig) ProtoMessage() {}
 
 func (x *DNSConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[42]
+	mi := &file_agent_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2430,7 +2920,7 @@ func (x *DNSConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DNSConfig.ProtoReflect.Descriptor instead.
 func (*DNSConfig) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{42}
+	return file_agent_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *DNSConfig) GetNameservers() []string {
@@ -2464,7 +2954,7 @@ type ConfigureNetworkResponse struct {
 
 func (x *ConfigureNetworkResponse) Reset() {
 	*x = ConfigureNetworkResponse{}
-	mi := &file_agent_proto_msgTypes[43]
+	mi := &file_agent_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2476,7 +2966,7 @@ func (x *ConfigureNetworkResponse) String() string {
 func (*ConfigureNetworkResponse) ProtoMessage() {}
 
 func (x *ConfigureNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[43]
+	mi := &file_agent_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2489,7 +2979,7 @@ func (x *ConfigureNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureNetworkResponse.ProtoReflect.Descriptor instead.
 func (*ConfigureNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{43}
+	return file_agent_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ConfigureNetworkResponse) GetInterfaces() []string {
@@ -2640,7 +3130,39 @@ const file_agent_proto_rawDesc = "" +
 	"\x03uid\x18\a \x01(\rR\x03uid\x12\x10\n" +
 	"\x03gid\x18\b \x01(\rR\x03gid\"'\n" +
 	"\x11WriteFileResponse\x12\x12\n" +
-	"\x04size\x18\x01 \x01(\x03R\x04size\"\x11\n" +
+	"\x04size\x18\x01 \x01(\x03R\x04size\"\xd2\x01\n" +
+	"\bFileStat\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\fR\x04name\x12\x12\n" +
+	"\x04type\x18\x02 \x01(\tR\x04type\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\x03R\x04size\x12\x12\n" +
+	"\x04mode\x18\x04 \x01(\rR\x04mode\x12+\n" +
+	"\x12mod_time_unix_nano\x18\x05 \x01(\x03R\x0fmodTimeUnixNano\x12%\n" +
+	"\x0esymlink_target\x18\x06 \x01(\fR\rsymlinkTarget\x12\x10\n" +
+	"\x03uid\x18\a \x01(\rR\x03uid\x12\x10\n" +
+	"\x03gid\x18\b \x01(\rR\x03gid\"H\n" +
+	"\x0fStatFileRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\"?\n" +
+	"\x10StatFileResponse\x12+\n" +
+	"\x04stat\x18\x01 \x01(\v2\x17.cube.agent.v1.FileStatR\x04stat\"s\n" +
+	"\x0eListDirRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x14\n" +
+	"\x05after\x18\x03 \x01(\fR\x05after\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\rR\x05limit\"X\n" +
+	"\x0fListDirResponse\x121\n" +
+	"\aentries\x18\x01 \x03(\v2\x17.cube.agent.v1.FileStatR\aentries\x12\x12\n" +
+	"\x04more\x18\x02 \x01(\bR\x04more\"h\n" +
+	"\x11RemoveFileRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1c\n" +
+	"\trecursive\x18\x03 \x01(\bR\trecursive\"[\n" +
+	"\x0eMakeDirRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x12\n" +
+	"\x04mode\x18\x03 \x01(\rR\x04mode\"+\n" +
+	"\x0fMakeDirResponse\x12\x18\n" +
+	"\acreated\x18\x01 \x01(\bR\acreated\"\x11\n" +
 	"\x0fPowerOffRequest\"\x82\x01\n" +
 	"\x17ConfigureNetworkRequest\x12;\n" +
 	"\n" +
@@ -2665,7 +3187,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x18ConfigureNetworkResponse\x12\x1e\n" +
 	"\n" +
 	"interfaces\x18\x01 \x03(\tR\n" +
-	"interfaces2\x8d\x0e\n" +
+	"interfaces2\xb4\x10\n" +
 	"\x05Agent\x12H\n" +
 	"\aVersion\x12\x1d.cube.agent.v1.VersionRequest\x1a\x1e.cube.agent.v1.VersionResponse\x12E\n" +
 	"\x06Health\x12\x1c.cube.agent.v1.HealthRequest\x1a\x1d.cube.agent.v1.HealthResponse\x12N\n" +
@@ -2689,7 +3211,12 @@ const file_agent_proto_rawDesc = "" +
 	"\aSetTime\x12\x1d.cube.agent.v1.SetTimeRequest\x1a\x14.cube.agent.v1.Empty\x12H\n" +
 	"\fReseedRandom\x12\".cube.agent.v1.ReseedRandomRequest\x1a\x14.cube.agent.v1.Empty\x12K\n" +
 	"\bReadFile\x12\x1e.cube.agent.v1.ReadFileRequest\x1a\x1f.cube.agent.v1.ReadFileResponse\x12N\n" +
-	"\tWriteFile\x12\x1f.cube.agent.v1.WriteFileRequest\x1a .cube.agent.v1.WriteFileResponse\x12@\n" +
+	"\tWriteFile\x12\x1f.cube.agent.v1.WriteFileRequest\x1a .cube.agent.v1.WriteFileResponse\x12K\n" +
+	"\bStatFile\x12\x1e.cube.agent.v1.StatFileRequest\x1a\x1f.cube.agent.v1.StatFileResponse\x12H\n" +
+	"\aListDir\x12\x1d.cube.agent.v1.ListDirRequest\x1a\x1e.cube.agent.v1.ListDirResponse\x12D\n" +
+	"\n" +
+	"RemoveFile\x12 .cube.agent.v1.RemoveFileRequest\x1a\x14.cube.agent.v1.Empty\x12H\n" +
+	"\aMakeDir\x12\x1d.cube.agent.v1.MakeDirRequest\x1a\x1e.cube.agent.v1.MakeDirResponse\x12@\n" +
 	"\bPowerOff\x12\x1e.cube.agent.v1.PowerOffRequest\x1a\x14.cube.agent.v1.Empty\x12c\n" +
 	"\x10ConfigureNetwork\x12&.cube.agent.v1.ConfigureNetworkRequest\x1a'.cube.agent.v1.ConfigureNetworkResponseB<Z:github.com/cube-runtime/cube/guest-agent/protocol;protocolb\x06proto3"
 
@@ -2705,7 +3232,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
 var file_agent_proto_goTypes = []any{
 	(*Empty)(nil),                    // 0: cube.agent.v1.Empty
 	(*VersionRequest)(nil),           // 1: cube.agent.v1.VersionRequest
@@ -2745,74 +3272,92 @@ var file_agent_proto_goTypes = []any{
 	(*ReadFileResponse)(nil),         // 35: cube.agent.v1.ReadFileResponse
 	(*WriteFileRequest)(nil),         // 36: cube.agent.v1.WriteFileRequest
 	(*WriteFileResponse)(nil),        // 37: cube.agent.v1.WriteFileResponse
-	(*PowerOffRequest)(nil),          // 38: cube.agent.v1.PowerOffRequest
-	(*ConfigureNetworkRequest)(nil),  // 39: cube.agent.v1.ConfigureNetworkRequest
-	(*NetInterface)(nil),             // 40: cube.agent.v1.NetInterface
-	(*NetRoute)(nil),                 // 41: cube.agent.v1.NetRoute
-	(*DNSConfig)(nil),                // 42: cube.agent.v1.DNSConfig
-	(*ConfigureNetworkResponse)(nil), // 43: cube.agent.v1.ConfigureNetworkResponse
+	(*FileStat)(nil),                 // 38: cube.agent.v1.FileStat
+	(*StatFileRequest)(nil),          // 39: cube.agent.v1.StatFileRequest
+	(*StatFileResponse)(nil),         // 40: cube.agent.v1.StatFileResponse
+	(*ListDirRequest)(nil),           // 41: cube.agent.v1.ListDirRequest
+	(*ListDirResponse)(nil),          // 42: cube.agent.v1.ListDirResponse
+	(*RemoveFileRequest)(nil),        // 43: cube.agent.v1.RemoveFileRequest
+	(*MakeDirRequest)(nil),           // 44: cube.agent.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),          // 45: cube.agent.v1.MakeDirResponse
+	(*PowerOffRequest)(nil),          // 46: cube.agent.v1.PowerOffRequest
+	(*ConfigureNetworkRequest)(nil),  // 47: cube.agent.v1.ConfigureNetworkRequest
+	(*NetInterface)(nil),             // 48: cube.agent.v1.NetInterface
+	(*NetRoute)(nil),                 // 49: cube.agent.v1.NetRoute
+	(*DNSConfig)(nil),                // 50: cube.agent.v1.DNSConfig
+	(*ConfigureNetworkResponse)(nil), // 51: cube.agent.v1.ConfigureNetworkResponse
 }
 var file_agent_proto_depIdxs = []int32{
 	8,  // 0: cube.agent.v1.CreateContainerRequest.stdio:type_name -> cube.agent.v1.Stdio
 	8,  // 1: cube.agent.v1.ExecProcessRequest.stdio:type_name -> cube.agent.v1.Stdio
 	26, // 2: cube.agent.v1.ListProcessesResponse.processes:type_name -> cube.agent.v1.ProcessInfo
 	8,  // 3: cube.agent.v1.ProcessInfo.stdio:type_name -> cube.agent.v1.Stdio
-	40, // 4: cube.agent.v1.ConfigureNetworkRequest.interfaces:type_name -> cube.agent.v1.NetInterface
-	42, // 5: cube.agent.v1.ConfigureNetworkRequest.dns:type_name -> cube.agent.v1.DNSConfig
-	41, // 6: cube.agent.v1.NetInterface.routes:type_name -> cube.agent.v1.NetRoute
-	1,  // 7: cube.agent.v1.Agent.Version:input_type -> cube.agent.v1.VersionRequest
-	3,  // 8: cube.agent.v1.Agent.Health:input_type -> cube.agent.v1.HealthRequest
-	5,  // 9: cube.agent.v1.Agent.MountDisk:input_type -> cube.agent.v1.MountDiskRequest
-	7,  // 10: cube.agent.v1.Agent.UnmountDisk:input_type -> cube.agent.v1.UnmountDiskRequest
-	9,  // 11: cube.agent.v1.Agent.CreateContainer:input_type -> cube.agent.v1.CreateContainerRequest
-	11, // 12: cube.agent.v1.Agent.ExecProcess:input_type -> cube.agent.v1.ExecProcessRequest
-	13, // 13: cube.agent.v1.Agent.Start:input_type -> cube.agent.v1.StartRequest
-	15, // 14: cube.agent.v1.Agent.Signal:input_type -> cube.agent.v1.SignalRequest
-	16, // 15: cube.agent.v1.Agent.Wait:input_type -> cube.agent.v1.WaitRequest
-	18, // 16: cube.agent.v1.Agent.State:input_type -> cube.agent.v1.StateRequest
-	20, // 17: cube.agent.v1.Agent.CloseStdin:input_type -> cube.agent.v1.CloseStdinRequest
-	21, // 18: cube.agent.v1.Agent.ResizePty:input_type -> cube.agent.v1.ResizePtyRequest
-	22, // 19: cube.agent.v1.Agent.ListPids:input_type -> cube.agent.v1.ListPidsRequest
-	24, // 20: cube.agent.v1.Agent.ListProcesses:input_type -> cube.agent.v1.ListProcessesRequest
-	27, // 21: cube.agent.v1.Agent.Delete:input_type -> cube.agent.v1.DeleteRequest
-	0,  // 22: cube.agent.v1.Agent.SyncFilesystems:input_type -> cube.agent.v1.Empty
-	29, // 23: cube.agent.v1.Agent.FreezeFilesystems:input_type -> cube.agent.v1.FreezeRequest
-	31, // 24: cube.agent.v1.Agent.ThawFilesystems:input_type -> cube.agent.v1.ThawRequest
-	32, // 25: cube.agent.v1.Agent.SetTime:input_type -> cube.agent.v1.SetTimeRequest
-	33, // 26: cube.agent.v1.Agent.ReseedRandom:input_type -> cube.agent.v1.ReseedRandomRequest
-	34, // 27: cube.agent.v1.Agent.ReadFile:input_type -> cube.agent.v1.ReadFileRequest
-	36, // 28: cube.agent.v1.Agent.WriteFile:input_type -> cube.agent.v1.WriteFileRequest
-	38, // 29: cube.agent.v1.Agent.PowerOff:input_type -> cube.agent.v1.PowerOffRequest
-	39, // 30: cube.agent.v1.Agent.ConfigureNetwork:input_type -> cube.agent.v1.ConfigureNetworkRequest
-	2,  // 31: cube.agent.v1.Agent.Version:output_type -> cube.agent.v1.VersionResponse
-	4,  // 32: cube.agent.v1.Agent.Health:output_type -> cube.agent.v1.HealthResponse
-	6,  // 33: cube.agent.v1.Agent.MountDisk:output_type -> cube.agent.v1.MountDiskResponse
-	0,  // 34: cube.agent.v1.Agent.UnmountDisk:output_type -> cube.agent.v1.Empty
-	10, // 35: cube.agent.v1.Agent.CreateContainer:output_type -> cube.agent.v1.CreateContainerResponse
-	12, // 36: cube.agent.v1.Agent.ExecProcess:output_type -> cube.agent.v1.ExecProcessResponse
-	14, // 37: cube.agent.v1.Agent.Start:output_type -> cube.agent.v1.StartResponse
-	0,  // 38: cube.agent.v1.Agent.Signal:output_type -> cube.agent.v1.Empty
-	17, // 39: cube.agent.v1.Agent.Wait:output_type -> cube.agent.v1.WaitResponse
-	19, // 40: cube.agent.v1.Agent.State:output_type -> cube.agent.v1.StateResponse
-	0,  // 41: cube.agent.v1.Agent.CloseStdin:output_type -> cube.agent.v1.Empty
-	0,  // 42: cube.agent.v1.Agent.ResizePty:output_type -> cube.agent.v1.Empty
-	23, // 43: cube.agent.v1.Agent.ListPids:output_type -> cube.agent.v1.ListPidsResponse
-	25, // 44: cube.agent.v1.Agent.ListProcesses:output_type -> cube.agent.v1.ListProcessesResponse
-	28, // 45: cube.agent.v1.Agent.Delete:output_type -> cube.agent.v1.DeleteResponse
-	0,  // 46: cube.agent.v1.Agent.SyncFilesystems:output_type -> cube.agent.v1.Empty
-	30, // 47: cube.agent.v1.Agent.FreezeFilesystems:output_type -> cube.agent.v1.FreezeResponse
-	0,  // 48: cube.agent.v1.Agent.ThawFilesystems:output_type -> cube.agent.v1.Empty
-	0,  // 49: cube.agent.v1.Agent.SetTime:output_type -> cube.agent.v1.Empty
-	0,  // 50: cube.agent.v1.Agent.ReseedRandom:output_type -> cube.agent.v1.Empty
-	35, // 51: cube.agent.v1.Agent.ReadFile:output_type -> cube.agent.v1.ReadFileResponse
-	37, // 52: cube.agent.v1.Agent.WriteFile:output_type -> cube.agent.v1.WriteFileResponse
-	0,  // 53: cube.agent.v1.Agent.PowerOff:output_type -> cube.agent.v1.Empty
-	43, // 54: cube.agent.v1.Agent.ConfigureNetwork:output_type -> cube.agent.v1.ConfigureNetworkResponse
-	31, // [31:55] is the sub-list for method output_type
-	7,  // [7:31] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	38, // 4: cube.agent.v1.StatFileResponse.stat:type_name -> cube.agent.v1.FileStat
+	38, // 5: cube.agent.v1.ListDirResponse.entries:type_name -> cube.agent.v1.FileStat
+	48, // 6: cube.agent.v1.ConfigureNetworkRequest.interfaces:type_name -> cube.agent.v1.NetInterface
+	50, // 7: cube.agent.v1.ConfigureNetworkRequest.dns:type_name -> cube.agent.v1.DNSConfig
+	49, // 8: cube.agent.v1.NetInterface.routes:type_name -> cube.agent.v1.NetRoute
+	1,  // 9: cube.agent.v1.Agent.Version:input_type -> cube.agent.v1.VersionRequest
+	3,  // 10: cube.agent.v1.Agent.Health:input_type -> cube.agent.v1.HealthRequest
+	5,  // 11: cube.agent.v1.Agent.MountDisk:input_type -> cube.agent.v1.MountDiskRequest
+	7,  // 12: cube.agent.v1.Agent.UnmountDisk:input_type -> cube.agent.v1.UnmountDiskRequest
+	9,  // 13: cube.agent.v1.Agent.CreateContainer:input_type -> cube.agent.v1.CreateContainerRequest
+	11, // 14: cube.agent.v1.Agent.ExecProcess:input_type -> cube.agent.v1.ExecProcessRequest
+	13, // 15: cube.agent.v1.Agent.Start:input_type -> cube.agent.v1.StartRequest
+	15, // 16: cube.agent.v1.Agent.Signal:input_type -> cube.agent.v1.SignalRequest
+	16, // 17: cube.agent.v1.Agent.Wait:input_type -> cube.agent.v1.WaitRequest
+	18, // 18: cube.agent.v1.Agent.State:input_type -> cube.agent.v1.StateRequest
+	20, // 19: cube.agent.v1.Agent.CloseStdin:input_type -> cube.agent.v1.CloseStdinRequest
+	21, // 20: cube.agent.v1.Agent.ResizePty:input_type -> cube.agent.v1.ResizePtyRequest
+	22, // 21: cube.agent.v1.Agent.ListPids:input_type -> cube.agent.v1.ListPidsRequest
+	24, // 22: cube.agent.v1.Agent.ListProcesses:input_type -> cube.agent.v1.ListProcessesRequest
+	27, // 23: cube.agent.v1.Agent.Delete:input_type -> cube.agent.v1.DeleteRequest
+	0,  // 24: cube.agent.v1.Agent.SyncFilesystems:input_type -> cube.agent.v1.Empty
+	29, // 25: cube.agent.v1.Agent.FreezeFilesystems:input_type -> cube.agent.v1.FreezeRequest
+	31, // 26: cube.agent.v1.Agent.ThawFilesystems:input_type -> cube.agent.v1.ThawRequest
+	32, // 27: cube.agent.v1.Agent.SetTime:input_type -> cube.agent.v1.SetTimeRequest
+	33, // 28: cube.agent.v1.Agent.ReseedRandom:input_type -> cube.agent.v1.ReseedRandomRequest
+	34, // 29: cube.agent.v1.Agent.ReadFile:input_type -> cube.agent.v1.ReadFileRequest
+	36, // 30: cube.agent.v1.Agent.WriteFile:input_type -> cube.agent.v1.WriteFileRequest
+	39, // 31: cube.agent.v1.Agent.StatFile:input_type -> cube.agent.v1.StatFileRequest
+	41, // 32: cube.agent.v1.Agent.ListDir:input_type -> cube.agent.v1.ListDirRequest
+	43, // 33: cube.agent.v1.Agent.RemoveFile:input_type -> cube.agent.v1.RemoveFileRequest
+	44, // 34: cube.agent.v1.Agent.MakeDir:input_type -> cube.agent.v1.MakeDirRequest
+	46, // 35: cube.agent.v1.Agent.PowerOff:input_type -> cube.agent.v1.PowerOffRequest
+	47, // 36: cube.agent.v1.Agent.ConfigureNetwork:input_type -> cube.agent.v1.ConfigureNetworkRequest
+	2,  // 37: cube.agent.v1.Agent.Version:output_type -> cube.agent.v1.VersionResponse
+	4,  // 38: cube.agent.v1.Agent.Health:output_type -> cube.agent.v1.HealthResponse
+	6,  // 39: cube.agent.v1.Agent.MountDisk:output_type -> cube.agent.v1.MountDiskResponse
+	0,  // 40: cube.agent.v1.Agent.UnmountDisk:output_type -> cube.agent.v1.Empty
+	10, // 41: cube.agent.v1.Agent.CreateContainer:output_type -> cube.agent.v1.CreateContainerResponse
+	12, // 42: cube.agent.v1.Agent.ExecProcess:output_type -> cube.agent.v1.ExecProcessResponse
+	14, // 43: cube.agent.v1.Agent.Start:output_type -> cube.agent.v1.StartResponse
+	0,  // 44: cube.agent.v1.Agent.Signal:output_type -> cube.agent.v1.Empty
+	17, // 45: cube.agent.v1.Agent.Wait:output_type -> cube.agent.v1.WaitResponse
+	19, // 46: cube.agent.v1.Agent.State:output_type -> cube.agent.v1.StateResponse
+	0,  // 47: cube.agent.v1.Agent.CloseStdin:output_type -> cube.agent.v1.Empty
+	0,  // 48: cube.agent.v1.Agent.ResizePty:output_type -> cube.agent.v1.Empty
+	23, // 49: cube.agent.v1.Agent.ListPids:output_type -> cube.agent.v1.ListPidsResponse
+	25, // 50: cube.agent.v1.Agent.ListProcesses:output_type -> cube.agent.v1.ListProcessesResponse
+	28, // 51: cube.agent.v1.Agent.Delete:output_type -> cube.agent.v1.DeleteResponse
+	0,  // 52: cube.agent.v1.Agent.SyncFilesystems:output_type -> cube.agent.v1.Empty
+	30, // 53: cube.agent.v1.Agent.FreezeFilesystems:output_type -> cube.agent.v1.FreezeResponse
+	0,  // 54: cube.agent.v1.Agent.ThawFilesystems:output_type -> cube.agent.v1.Empty
+	0,  // 55: cube.agent.v1.Agent.SetTime:output_type -> cube.agent.v1.Empty
+	0,  // 56: cube.agent.v1.Agent.ReseedRandom:output_type -> cube.agent.v1.Empty
+	35, // 57: cube.agent.v1.Agent.ReadFile:output_type -> cube.agent.v1.ReadFileResponse
+	37, // 58: cube.agent.v1.Agent.WriteFile:output_type -> cube.agent.v1.WriteFileResponse
+	40, // 59: cube.agent.v1.Agent.StatFile:output_type -> cube.agent.v1.StatFileResponse
+	42, // 60: cube.agent.v1.Agent.ListDir:output_type -> cube.agent.v1.ListDirResponse
+	0,  // 61: cube.agent.v1.Agent.RemoveFile:output_type -> cube.agent.v1.Empty
+	45, // 62: cube.agent.v1.Agent.MakeDir:output_type -> cube.agent.v1.MakeDirResponse
+	0,  // 63: cube.agent.v1.Agent.PowerOff:output_type -> cube.agent.v1.Empty
+	51, // 64: cube.agent.v1.Agent.ConfigureNetwork:output_type -> cube.agent.v1.ConfigureNetworkResponse
+	37, // [37:65] is the sub-list for method output_type
+	9,  // [9:37] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2826,7 +3371,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   44,
+			NumMessages:   52,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

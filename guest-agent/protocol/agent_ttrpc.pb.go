@@ -30,6 +30,10 @@ type AgentService interface {
 	ReseedRandom(context.Context, *ReseedRandomRequest) (*Empty, error)
 	ReadFile(context.Context, *ReadFileRequest) (*ReadFileResponse, error)
 	WriteFile(context.Context, *WriteFileRequest) (*WriteFileResponse, error)
+	StatFile(context.Context, *StatFileRequest) (*StatFileResponse, error)
+	ListDir(context.Context, *ListDirRequest) (*ListDirResponse, error)
+	RemoveFile(context.Context, *RemoveFileRequest) (*Empty, error)
+	MakeDir(context.Context, *MakeDirRequest) (*MakeDirResponse, error)
 	PowerOff(context.Context, *PowerOffRequest) (*Empty, error)
 	ConfigureNetwork(context.Context, *ConfigureNetworkRequest) (*ConfigureNetworkResponse, error)
 }
@@ -190,6 +194,34 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.WriteFile(ctx, &req)
+			},
+			"StatFile": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req StatFileRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.StatFile(ctx, &req)
+			},
+			"ListDir": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ListDirRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ListDir(ctx, &req)
+			},
+			"RemoveFile": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req RemoveFileRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.RemoveFile(ctx, &req)
+			},
+			"MakeDir": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req MakeDirRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.MakeDir(ctx, &req)
 			},
 			"PowerOff": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req PowerOffRequest
@@ -390,6 +422,38 @@ func (c *agentClient) ReadFile(ctx context.Context, req *ReadFileRequest) (*Read
 func (c *agentClient) WriteFile(ctx context.Context, req *WriteFileRequest) (*WriteFileResponse, error) {
 	var resp WriteFileResponse
 	if err := c.client.Call(ctx, "cube.agent.v1.Agent", "WriteFile", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) StatFile(ctx context.Context, req *StatFileRequest) (*StatFileResponse, error) {
+	var resp StatFileResponse
+	if err := c.client.Call(ctx, "cube.agent.v1.Agent", "StatFile", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) ListDir(ctx context.Context, req *ListDirRequest) (*ListDirResponse, error) {
+	var resp ListDirResponse
+	if err := c.client.Call(ctx, "cube.agent.v1.Agent", "ListDir", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) RemoveFile(ctx context.Context, req *RemoveFileRequest) (*Empty, error) {
+	var resp Empty
+	if err := c.client.Call(ctx, "cube.agent.v1.Agent", "RemoveFile", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) MakeDir(ctx context.Context, req *MakeDirRequest) (*MakeDirResponse, error) {
+	var resp MakeDirResponse
+	if err := c.client.Call(ctx, "cube.agent.v1.Agent", "MakeDir", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

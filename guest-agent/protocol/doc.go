@@ -58,6 +58,9 @@ const (
 	// MaxFileChunk bounds ReadFile/WriteFile payloads (ttrpc messages are
 	// limited to 4 MiB).
 	MaxFileChunk = 2 << 20
+	// MaxDirEntries bounds the entries of one ListDir answer (each at most
+	// 255 bytes of name and a 4 KiB symlink target: within 4 MiB).
+	MaxDirEntries = 500
 	// MaxSpecSize bounds the JSON OCI spec or process in a request.
 	MaxSpecSize = 1 << 20
 	// MaxIDLength bounds container and exec ids.

@@ -168,6 +168,11 @@ func TestCubeAPI(t *testing.T) {
 	if res, err = sb.Commands.Run(ctx, "echo after", cube.RunOptions{}); err != nil || res.Stdout != "after\n" {
 		t.Errorf("after the snapshot: %+v %v", res, err)
 	}
+	apiFilesRound(t, ctx, sb)
+	apiRollbackRound(t, ctx, sb)
+	if res, err = sb.Commands.Run(ctx, "echo after-rollback", cube.RunOptions{}); err != nil || res.Stdout != "after-rollback\n" {
+		t.Errorf("after the rollback: %+v %v", res, err)
+	}
 
 	if err := sb.Pause(ctx); err != nil {
 		t.Fatal(err)
@@ -205,8 +210,10 @@ func TestCubeAPI(t *testing.T) {
 	if _, err := c.GetSnapshot(ctx, "api-s1"); err != nil {
 		t.Errorf("snapshot after the sandbox: %v", err)
 	}
-	if err := c.DeleteSnapshot(ctx, "api-s1"); err != nil {
-		t.Fatal(err)
+	for _, name := range []string{"api-s1", "api-rb"} {
+		if err := c.DeleteSnapshot(ctx, name); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if l, _, err := c.ListSnapshots(ctx, cube.ListSnapshotsOptions{}); err != nil || len(l) != 0 {
 		t.Errorf("snapshots left: %+v %v", l, err)

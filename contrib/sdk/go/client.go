@@ -91,13 +91,19 @@ func (c *Client) http() *http.Client {
 // response; an error status is an *APIError (the body closed).
 func (c *Client) send(ctx context.Context, method, path string, q url.Values, body any) (*http.Response, error) {
 	var r io.Reader
+	ctype := ""
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
 			return nil, err
 		}
-		r = bytes.NewReader(b)
+		r, ctype = bytes.NewReader(b), "application/json"
 	}
+	return c.sendRaw(ctx, method, path, q, ctype, r)
+}
+
+// sendRaw sends a request with body r of content type ctype (none when "").
+func (c *Client) sendRaw(ctx context.Context, method, path string, q url.Values, ctype string, r io.Reader) (*http.Response, error) {
 	u := c.URL + path
 	if len(q) > 0 {
 		u += "?" + q.Encode()
@@ -106,8 +112,8 @@ func (c *Client) send(ctx context.Context, method, path string, q url.Values, bo
 	if err != nil {
 		return nil, err
 	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+	if ctype != "" {
+		req.Header.Set("Content-Type", ctype)
 	}
 	if c.APIKey != "" {
 		req.Header.Set("Authorization", "Bearer "+c.APIKey)

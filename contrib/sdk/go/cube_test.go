@@ -1,12 +1,15 @@
 package cube
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -29,6 +32,8 @@ type backend struct {
 	ctrs map[string]*api.Container
 	st   *store.Store
 	pid  uint32
+	busy atomic.Bool // Rollback answers "busy"
+	*api.DirFiles
 }
 
 func (b *backend) CheckImage(ctx context.Context, ref string) error {
@@ -125,6 +130,35 @@ func (shim) List(ctx context.Context, req *snapapi.ListRequest) (*snapapi.ListRe
 	return &snapapi.ListResponse{}, nil
 }
 
+func (shim) Rollback(ctx context.Context, req *snapapi.RollbackRequest) (*snapapi.RollbackResponse, error) {
+	return &snapapi.RollbackResponse{Id: req.Id, Memory: "remap", Timings: &snapapi.RollbackTimings{ShimTotalMs: 3}}, nil
+}
+
+func (b *backend) Rollback(ctx context.Context, id, ref string) (snapshots.RolledBack, error) {
+	if _, err := b.Get(ctx, id); err != nil {
+		return snapshots.RolledBack{}, err
+	}
+	if b.busy.Load() {
+		return snapshots.RolledBack{}, fmt.Errorf("sandbox %s is busy: %w", id, errdefs.ErrConflict)
+	}
+	return snapshots.Rollback(ctx, b.st, rollbackShim{}, snapshots.RollbackOptions{Container: id, Sandbox: snapshots.SandboxKey(api.DefaultNamespace, id), Ref: ref})
+}
+
+// rollbackShim reports this process as the VMM (the store checks the pid).
+type rollbackShim struct{ shim }
+
+func (rollbackShim) List(ctx context.Context, req *snapapi.ListRequest) (*snapapi.ListResponse, error) {
+	return &snapapi.ListResponse{VmmPid: uint32(os.Getpid())}, nil
+}
+
+func (b *backend) GuestProcesses(ctx context.Context, id string) ([]api.GuestProcess, error) {
+	return nil, fmt.Errorf("no guest: %w", errdefs.ErrNotImplemented)
+}
+
+func (b *backend) SignalGuest(ctx context.Context, id, execID string, sig syscall.Signal) error {
+	return fmt.Errorf("no guest: %w", errdefs.ErrNotImplemented)
+}
+
 func (b *backend) Snapshot(ctx context.Context, id string, names []string) (snapshots.Taken, error) {
 	return snapshots.Take(ctx, b.st, shim{}, snapshots.Options{Container: id, Sandbox: snapshots.SandboxKey(api.DefaultNamespace, id), Names: names})
 }
@@ -137,6 +171,7 @@ type proc struct {
 }
 
 func (p *proc) Pid() uint32                          { return p.pid }
+func (p *proc) ExecID() string                       { return fmt.Sprintf("%s%d", api.ExecIDPrefix, p.pid) }
 func (p *proc) CloseStdin(ctx context.Context) error { return nil }
 func (p *proc) Wait(ctx context.Context) (int, error) {
 	<-p.done
@@ -185,7 +220,7 @@ func newClient(t *testing.T) (*Client, *backend) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &backend{ctrs: map[string]*api.Container{}, st: st}
+	b := &backend{ctrs: map[string]*api.Container{}, st: st, DirFiles: &api.DirFiles{Root: t.TempDir()}}
 	log := logrus.New()
 	log.SetOutput(io.Discard)
 	s, err := api.New(api.DefaultConfig(), []string{key}, b, st, api.Options{Log: log})
@@ -334,5 +369,77 @@ func TestSnapshots(t *testing.T) {
 	}
 	if _, err := c.GetSnapshot(ctx, "one"); !IsNotFound(err) {
 		t.Errorf("deleted: %v", err)
+	}
+}
+
+func TestRollback(t *testing.T) {
+	c, b := newClient(t)
+	ctx := context.Background()
+	sb, _ := c.Create(ctx, CreateOptions{})
+	s1, err := sb.CreateSnapshot(ctx, "one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb, err := sb.Rollback(ctx, "one")
+	if err != nil || rb.SandboxID != sb.ID || rb.SnapshotID != s1.SnapshotID || rb.Memory != "remap" || rb.TotalMs != 3 {
+		t.Fatalf("rollback: %+v %v", rb, err)
+	}
+	if _, err := sb.Rollback(ctx, "nope"); !IsNotFound(err) {
+		t.Errorf("unknown snapshot: %v", err)
+	}
+	b.busy.Store(true)
+	if _, err := sb.Rollback(ctx, "one"); !IsConflict(err) {
+		t.Errorf("busy: %v", err)
+	}
+	if g, err := c.GetSnapshot(ctx, "one"); err != nil || !g.InUse {
+		t.Errorf("the sandbox should hold the snapshot it rolled back to: %+v %v", g, err)
+	}
+}
+
+func TestFiles(t *testing.T) {
+	c, _ := newClient(t)
+	ctx := context.Background()
+	sb, _ := c.Create(ctx, CreateOptions{})
+	data := append([]byte("binary \x00\xff "), strings.Repeat("z", 3<<20)...)
+	ei, err := sb.Files.Write(ctx, "/home/user/a b.bin", data, WriteOptions{Mode: 0o600})
+	if err != nil || ei.Size != int64(len(data)) || ei.Permissions != "-rw-------" || ei.Name != "a b.bin" {
+		t.Fatalf("write: %+v %v", ei, err)
+	}
+	if got, err := sb.Files.Read(ctx, "/home/user/a b.bin"); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read: %d bytes %v", len(got), err)
+	}
+	if got, err := sb.Files.ReadRange(ctx, "/home/user/a b.bin", 7, 2); err != nil || string(got) != "\x00\xff" {
+		t.Errorf("read range: %q %v", got, err)
+	}
+	if _, err := sb.Files.Write(ctx, "/home/user/a b.bin", []byte("!"), WriteOptions{Append: true}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := sb.Files.MakeDir(ctx, "/home/user/d/e"); !ok || err != nil {
+		t.Errorf("make dir: %v %v", ok, err)
+	}
+	if ok, err := sb.Files.MakeDir(ctx, "/home/user/d/e"); ok || err != nil {
+		t.Errorf("make an existing dir: %v %v", ok, err)
+	}
+	for i := 0; i < 3; i++ { // more than one page of the server's (limit 500): enough to check the order
+		sb.Files.Write(ctx, fmt.Sprintf("/home/user/d/f%d", i), nil)
+	}
+	l, err := sb.Files.List(ctx, "/home/user/d")
+	if err != nil || len(l) != 4 || l[0].Name != "e" || l[0].Type != "dir" || l[3].Path != "/home/user/d/f2" {
+		t.Fatalf("list: %+v %v", l, err)
+	}
+	if fi, err := sb.Files.GetInfo(ctx, "/home/user/d"); err != nil || fi.Type != "dir" {
+		t.Errorf("get info: %+v %v", fi, err)
+	}
+	if err := sb.Files.Remove(ctx, "/home/user/d"); !IsConflict(err) {
+		t.Errorf("remove a full dir: %v", err)
+	}
+	if err := sb.Files.Remove(ctx, "/home/user/d", true); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := sb.Files.Exists(ctx, "/home/user/d"); ok || err != nil {
+		t.Errorf("exists after remove: %v %v", ok, err)
+	}
+	if _, err := sb.Files.Read(ctx, "relative"); err == nil || !strings.Contains(err.Error(), "400") {
+		t.Errorf("relative path: %v", err)
 	}
 }

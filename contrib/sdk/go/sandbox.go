@@ -12,12 +12,14 @@ type Sandbox struct {
 	ID       string
 	Info     SandboxInfo
 	Commands *Commands
+	Files    *Files
 	c        *Client
 }
 
 func (c *Client) handle(info SandboxInfo) *Sandbox {
 	s := &Sandbox{ID: info.SandboxID, Info: info, c: c}
 	s.Commands = &Commands{s: s}
+	s.Files = &Files{s: s}
 	return s
 }
 
@@ -155,4 +157,34 @@ func (s *Sandbox) CreateSnapshot(ctx context.Context, name string) (*Snapshot, e
 // ListSnapshots lists this sandbox's snapshots (one page).
 func (s *Sandbox) ListSnapshots(ctx context.Context, limit int, nextToken string) ([]Snapshot, string, error) {
 	return s.c.ListSnapshots(ctx, ListSnapshotsOptions{SandboxID: s.ID, Limit: limit, NextToken: nextToken})
+}
+
+// Rollback is a rollback's result (the sandbox keeps its id).
+type Rollback struct {
+	SandboxID  string  `json:"sandboxID"`
+	SnapshotID string  `json:"snapshotID"`
+	Memory     string  `json:"memory"`
+	FrozenMs   float64 `json:"frozenMs"`
+	TotalMs    float64 `json:"totalMs"`
+	Processes  []struct {
+		Pid     uint32 `json:"pid"`
+		Action  string `json:"action"`
+		Status  string `json:"status"`
+		Command bool   `json:"command"`
+	} `json:"processes"`
+	Warnings []string `json:"warnings"`
+}
+
+// Rollback rolls the sandbox's VM back in place to snapshot ref (an id or a
+// name): its processes, memory and disk as they were at the snapshot.
+// IsNotFound for an unknown snapshot, IsConflict while another snapshot or
+// rollback of the sandbox runs. The client's idle pooled connections are
+// closed afterwards (a kept-alive connection may be stale after a restore).
+func (s *Sandbox) Rollback(ctx context.Context, ref string) (*Rollback, error) {
+	var out Rollback
+	if _, err := s.c.call(ctx, "POST", s.path("/rollback"), nil, map[string]string{"snapshotID": ref}, &out); err != nil {
+		return nil, err
+	}
+	s.c.http().CloseIdleConnections()
+	return &out, nil
 }

@@ -10,11 +10,12 @@ CUBE_TEMPLATE_ID. docs/api.md documents the routes.
 """
 
 from .commands import CommandHandle, CommandResult, Commands
+from .files import EntryInfo, Files
 from .exceptions import (AuthenticationException, CommandExitException, ConflictException,
                          InvalidArgumentException, NotFoundException, NotImplementedException,
                          SandboxException, TimeoutException)
-from .sandbox import Page, Sandbox, SandboxInfo, SnapshotInfo
+from .sandbox import Page, RollbackInfo, Sandbox, SandboxInfo, SnapshotInfo
 
-__all__ = ["Sandbox", "SandboxInfo", "SnapshotInfo", "Page", "Commands", "CommandHandle", "CommandResult",
+__all__ = ["Sandbox", "SandboxInfo", "SnapshotInfo", "RollbackInfo", "Page", "Commands", "CommandHandle", "CommandResult", "Files", "EntryInfo",
            "SandboxException", "InvalidArgumentException", "AuthenticationException", "NotFoundException",
            "ConflictException", "NotImplementedException", "TimeoutException", "CommandExitException"]

@@ -24,24 +24,26 @@ class ConnectionConfig:
         self.api_key = api_key if api_key is not None else os.environ.get(ENV_API_KEY)
         self.request_timeout = request_timeout
 
-    def _request(self, method, path, query=None, body=None):
+    def _request(self, method, path, query=None, body=None, data=None):
         url = self.api_url + path
         if query:
             q = {k: v for k, v in query.items() if v is not None}
             if q:
                 url += "?" + urllib.parse.urlencode(q)
-        data = None
         headers = {"Accept": "application/json"}
         if body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
+        elif data is not None:
+            headers["Content-Type"] = "application/octet-stream"
         if self.api_key:
             headers["Authorization"] = "Bearer " + self.api_key
         return urllib.request.Request(url, data=data, method=method, headers=headers)
 
-    def open(self, method, path, query=None, body=None, timeout=None):
-        """Sends a request and returns the open response; an error answer raises."""
-        req = self._request(method, path, query, body)
+    def open(self, method, path, query=None, body=None, timeout=None, data=None):
+        """Sends a request (body: JSON; data: raw bytes) and returns the open
+        response; an error answer raises."""
+        req = self._request(method, path, query, body, data)
         try:
             return urllib.request.urlopen(req, timeout=timeout or self.request_timeout)
         except urllib.error.HTTPError as e:
@@ -55,8 +57,14 @@ class ConnectionConfig:
             raise SandboxException("cannot reach cube-api at %s: %s (is it running? CUBE_API_URL names another)"
                                    % (self.api_url, e.reason)) from None
 
-    def call(self, method, path, query=None, body=None):
+    def drop_connections(self):
+        """Drops pooled connections (after a rollback). urllib opens one
+        connection per request, so there is none to drop: this is the one
+        place to do it should the transport ever keep connections."""
+        return None
+
+    def call(self, method, path, query=None, body=None, data=None):
         """A JSON call: returns (decoded answer or None, headers)."""
-        with self.open(method, path, query, body) as resp:
+        with self.open(method, path, query, body, data=data) as resp:
             raw = resp.read()
             return (json.loads(raw) if raw.strip() else None), resp.headers

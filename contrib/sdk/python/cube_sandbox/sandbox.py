@@ -6,6 +6,7 @@ import urllib.parse
 
 from ._http import ENV_TEMPLATE_ID, ConnectionConfig
 from .commands import Commands
+from .files import Files
 from .exceptions import InvalidArgumentException, NotFoundException
 
 
@@ -53,6 +54,12 @@ class SnapshotInfo(SandboxInfo):
             raise AttributeError(name) from None
 
 
+class RollbackInfo(SnapshotInfo):
+    """A rollback's result: sandboxID, snapshotID, memory ("rewrite-dirty"
+    or "remap"), frozenMs, totalMs, processes (each pid, action, status,
+    command), warnings."""
+
+
 class Page(list):
     """One page of a list; next_token is None after the last."""
 
@@ -77,6 +84,7 @@ class Sandbox:
         self._conn = conn or ConnectionConfig()
         self.info = SandboxInfo(info or {})
         self.commands = Commands(self)
+        self.files = Files(self)
 
     def __repr__(self):
         return "Sandbox(%r)" % self.sandbox_id
@@ -175,6 +183,19 @@ class Sandbox:
         body = {"name": name} if name else None
         info, _ = self._conn.call("POST", "/sandboxes/%s/snapshots" % _q(self.sandbox_id), body=body)
         return SnapshotInfo(info)
+
+    @_hybrid
+    def rollback(self, snapshot_id):
+        """Rolls the sandbox's VM back in place to snapshot_id (an id or a
+        name): the same sandbox id, its processes, memory and disk as they
+        were at the snapshot. NotFoundException for an unknown snapshot,
+        ConflictException while another snapshot or rollback of it runs.
+        Connections made before are dropped: every vsock connection of the
+        guest was reset, and a kept-alive HTTP connection could be stale."""
+        info, _ = self._conn.call("POST", "/sandboxes/%s/rollback" % _q(self.sandbox_id),
+                                  body={"snapshotID": snapshot_id})
+        self._conn.drop_connections()
+        return RollbackInfo(info)
 
     @staticmethod
     def list_snapshots(sandbox_id=None, limit=None, next_token=None, api_url=None, api_key=None):

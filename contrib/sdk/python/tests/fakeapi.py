@@ -18,6 +18,7 @@ class State:
         self.sandboxes = {}  # id -> dict
         self.snapshots = []  # dicts, oldest first
         self.commands = {}  # (sandbox, pid) -> dict(kill=Queue, stdin=Queue, info=dict)
+        self.files = {}  # (sandbox, path) -> bytes, or None for a directory
         self.n = 0
         self.requests = []  # (method, path, body, headers)
 
@@ -46,6 +47,8 @@ class Handler(BaseHTTPRequestHandler):
     def body(self):
         n = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(n) if n else b""
+        if self.headers.get("Content-Type") == "application/octet-stream":
+            return raw
         return json.loads(raw) if raw.strip() else None
 
     def handle_any(self, method):
@@ -77,6 +80,18 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_DELETE(self):
         self.handle_any("DELETE")
+
+    def do_PUT(self):
+        self.handle_any("PUT")
+
+    def raw(self, code, data, headers=None):
+        self.send_response(code)
+        self.send_header("Content-Type", "application/octet-stream")
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
 
 def sandbox_or_404(h, st, sid):
@@ -291,6 +306,100 @@ def not_yet(h, st, q, body, sid):
     h.error(501, "not implemented yet")
 
 
+def rollback(h, st, q, body, sid):
+    if not sandbox_or_404(h, st, sid):
+        return
+    ref = (body or {}).get("snapshotID")
+    if not isinstance(ref, str) or not ref:
+        return h.error(400, 'field "snapshotID" is required')
+    s = find_snapshot(st, ref)
+    if s is None:
+        return h.error(404, 'field "snapshotID": no snapshot "%s"' % ref)
+    if st.sandboxes[sid].get("busy"):
+        return h.error(409, "sandbox %s is busy: a snapshot runs on it" % sid)
+    h.reply(200, {"sandboxID": sid, "snapshotID": s["snapshotID"], "memory": "rewrite-dirty", "frozenMs": 2,
+                  "totalMs": 9, "processes": [{"pid": 7, "action": "unknown", "status": "running", "command": True}],
+                  "warnings": []})
+
+
+def fpath(h, q):
+    p = q.get("path", [""])[0]
+    if not p.startswith("/"):
+        h.error(400, 'query parameter "path": "%s" is not absolute' % p)
+        return None
+    return p.rstrip("/") or "/"
+
+
+def entry(sid, st, p):
+    d = st.files[(sid, p)]
+    return {"name": p.rsplit("/", 1)[1], "path": p, "type": "dir" if d is None else "file",
+            "size": 0 if d is None else len(d), "mode": 0o644, "permissions": "-rw-r--r--",
+            "modifiedTime": "2026-12-01T12:00:00Z"}
+
+
+def parents(st, sid, p):
+    parts = p.split("/")[1:-1]
+    for i in range(1, len(parts) + 1):
+        st.files.setdefault((sid, "/" + "/".join(parts[:i])), None)
+
+
+def read_file(h, st, q, body, sid):
+    p = sandbox_or_404(h, st, sid) and fpath(h, q)
+    if p:
+        d = st.files.get((sid, p))
+        if d is None:
+            return h.error(404 if (sid, p) not in st.files else 400, "read %s" % p)
+        off, n = int(q.get("offset", ["0"])[0]), q.get("length", [None])[0]
+        h.raw(200, d[off:off + int(n)] if n else d[off:], {"X-File-Size": str(len(d))})
+
+
+def write_file(h, st, q, body, sid):
+    p = sandbox_or_404(h, st, sid) and fpath(h, q)
+    if p:
+        parents(st, sid, p)
+        old = st.files.get((sid, p)) or b""
+        st.files[(sid, p)] = (old if q.get("append") == ["true"] else b"") + (body or b"")
+        h.reply(200, entry(sid, st, p))
+
+
+def stat_file(h, st, q, body, sid):
+    p = sandbox_or_404(h, st, sid) and fpath(h, q)
+    if p:
+        h.reply(200, entry(sid, st, p)) if (sid, p) in st.files else h.error(404, "stat %s" % p)
+
+
+def list_dir(h, st, q, body, sid):
+    p = sandbox_or_404(h, st, sid) and fpath(h, q)
+    if p:
+        names = sorted(k[1] for k in st.files if k[0] == sid and k[1].rsplit("/", 1)[0] == p)
+        after = q.get("nextToken", [""])[0]
+        names = [n for n in names if n.rsplit("/", 1)[1] > after]
+        page = names[:2]  # small pages: the SDK must follow X-Next-Token
+        headers = {"X-Next-Token": page[-1].rsplit("/", 1)[1]} if len(names) > 2 else {}
+        h.reply(200, [entry(sid, st, n) for n in page], headers)
+
+
+def remove_file(h, st, q, body, sid):
+    p = sandbox_or_404(h, st, sid) and fpath(h, q)
+    if p:
+        if (sid, p) not in st.files:
+            return h.error(404, "remove %s" % p)
+        inside = [k for k in st.files if k[0] == sid and k[1].startswith(p + "/")]
+        if inside and q.get("recursive") != ["true"]:
+            return h.error(409, "remove %s: the directory is not empty" % p)
+        for k in inside + [(sid, p)]:
+            del st.files[k]
+        h.reply(204)
+
+
+def make_dir(h, st, q, body, sid):
+    p = sandbox_or_404(h, st, sid) and fpath(h, q)
+    if p:
+        created = (sid, p) not in st.files
+        parents(st, sid, p + "/x")
+        h.reply(201 if created else 200, {"path": p, "created": created})
+
+
 ID = "([^/]+)"
 ROUTES = [
     (("POST", "/sandboxes"), create),
@@ -302,7 +411,8 @@ ROUTES = [
     (("POST", "/sandboxes/%s/connect" % ID), connect),
     (("POST", "/sandboxes/%s/timeout" % ID), set_timeout),
     (("POST", "/sandboxes/%s/snapshots" % ID), create_snapshot),
-    (("POST", "/sandboxes/%s/rollback" % ID), not_yet),
+    (("POST", "/sandboxes/%s/rollback" % ID), rollback),
+    (("POST", "/sandboxes/%s/fork" % ID), not_yet),
     (("GET", "/snapshots"), list_snapshots),
     (("GET", "/snapshots/" + ID), get_snapshot),
     (("DELETE", "/snapshots/" + ID), delete_snapshot),
@@ -310,6 +420,12 @@ ROUTES = [
     (("GET", "/sandboxes/%s/commands" % ID), list_commands),
     (("POST", "/sandboxes/%s/commands/(\\d+)/stdin" % ID), stdin),
     (("POST", "/sandboxes/%s/commands/(\\d+)/kill" % ID), kill),
+    (("GET", "/sandboxes/%s/files" % ID), read_file),
+    (("PUT", "/sandboxes/%s/files" % ID), write_file),
+    (("DELETE", "/sandboxes/%s/files" % ID), remove_file),
+    (("GET", "/sandboxes/%s/files/stat" % ID), stat_file),
+    (("GET", "/sandboxes/%s/files/list" % ID), list_dir),
+    (("POST", "/sandboxes/%s/files/dir" % ID), make_dir),
 ]
 
 

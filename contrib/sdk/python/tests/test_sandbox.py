@@ -187,9 +187,60 @@ class TestSnapshots(Base):
         sb.kill()
         self.assertEqual(len(Sandbox.list_snapshots()), 1)
 
+    def test_rollback(self):
+        sb = Sandbox.create()
+        snap = sb.create_snapshot("one")
+        dropped = []
+        sb._conn.drop_connections = lambda: dropped.append(True)
+        rb = sb.rollback("one")
+        self.assertEqual(rb.sandbox_id, sb.sandbox_id)
+        self.assertEqual(rb.snapshot_id, snap.snapshot_id)
+        self.assertEqual(rb.processes[0]["action"], "unknown")
+        self.assertEqual(dropped, [True])
+        method, path, body, _ = self.st.requests[-1]
+        self.assertEqual((method, path, body), ("POST", "/sandboxes/%s/rollback" % sb.sandbox_id, {"snapshotID": "one"}))
+        # On the class, by id.
+        self.assertEqual(Sandbox.rollback(sb.sandbox_id, snap.snapshot_id).snapshot_id, snap.snapshot_id)
+        with self.assertRaises(NotFoundException):
+            sb.rollback("nope")
+        self.st.sandboxes[sb.sandbox_id]["busy"] = True
+        with self.assertRaises(ConflictException):
+            sb.rollback("one")
+        self.assertEqual(len(dropped), 1)  # not after a failure
+
     def test_not_implemented(self):
         with self.assertRaises(NotImplementedException):
-            ConnectionConfig().call("POST", "/sandboxes/x/rollback", body={"snapshotID": "s"})
+            ConnectionConfig().call("POST", "/sandboxes/x/fork", body={"count": 2})
+
+
+class TestFiles(Base):
+    def test_files(self):
+        sb = Sandbox.create()
+        data = b"\x00\xffbinary" * 1000
+        info = sb.files.write("/home/user/d/a b.bin", data, mode=0o600)
+        self.assertEqual((info.name, info.size, info.type), ("a b.bin", len(data), "file"))
+        _, path, body, headers = self.st.requests[-1]
+        self.assertEqual(headers["Content-Type"], "application/octet-stream")
+        self.assertEqual(body, data)
+        self.assertEqual(sb.files.read("/home/user/d/a b.bin", format="bytes"), data)
+        self.assertEqual(sb.files.read("/home/user/d/a b.bin", format="bytes", offset=1, length=2), b"\xffb")
+        sb.files.write("/home/user/d/t.txt", "héllo ")
+        sb.files.write("/home/user/d/t.txt", "world", append=True)
+        self.assertEqual(sb.files.read("/home/user/d/t.txt"), "héllo world")
+        self.assertTrue(sb.files.make_dir("/home/user/d/sub"))
+        self.assertFalse(sb.files.make_dir("/home/user/d/sub"))
+        sb.files.write("/home/user/d/z", b"")
+        # More than one page (the fake's pages hold 2 entries).
+        self.assertEqual([e.name for e in sb.files.list("/home/user/d")], ["a b.bin", "sub", "t.txt", "z"])
+        self.assertEqual(sb.files.get_info("/home/user/d/sub").type, "dir")
+        with self.assertRaises(ConflictException):
+            sb.files.remove("/home/user/d")
+        sb.files.remove("/home/user/d", recursive=True)
+        self.assertFalse(sb.files.exists("/home/user/d"))
+        with self.assertRaises(NotFoundException):
+            sb.files.read("/home/user/d/t.txt")
+        with self.assertRaises(InvalidArgumentException):
+            sb.files.read("relative")
 
 
 if __name__ == "__main__":
