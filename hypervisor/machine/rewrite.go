@@ -24,13 +24,10 @@ import (
 // puts the old memory back and the dirty record as it was.
 // Ordering: vCPUs parked and transports paused (nothing writes guest memory),
 // and after this, before the vCPUs run, the state is loaded.
-func (m *Machine) rollbackMemoryLocked(snap *snapshot.Snapshot, l *memLayers, st *RollbackStats) (restore func(), err error) {
-	// The layers the parent does not share with snap are found before the
-	// dirty record is taken: nothing is consumed if that fails.
-	mode, diff := RollbackRewrite, []uint64(nil)
-	if !m.isParent(snap) {
-		mode, diff = m.layerDiff(l)
-	}
+func (m *Machine) rollbackMemoryLocked(p *rollbackPlan, st *RollbackStats) (restore func(), err error) {
+	// Which pages can differ was found by prepareRollback, before the
+	// freeze (and before the dirty record is taken here).
+	l, mode := p.layers, p.mode
 	dirty, err := m.takeDirtyLocked()
 	if err != nil {
 		// Whatever part of the record was taken is gone: no parent now.
@@ -40,7 +37,7 @@ func (m *Machine) rollbackMemoryLocked(snap *snapshot.Snapshot, l *memLayers, st
 	pages := dirty
 	switch mode {
 	case RollbackRewriteDiff:
-		pages = orBitmap(orBitmap(make([]uint64, m.totalPages()/64), dirty), diff)
+		pages = orBitmap(orBitmap(make([]uint64, m.totalPages()/64), dirty), p.diff)
 	case RollbackRewriteAll:
 		pages = make([]uint64, m.totalPages()/64)
 		for i := range pages {

@@ -91,6 +91,12 @@ type rollbackPlan struct {
 	state  *snapshot.State // decoded and checked against the VM
 	layers *memLayers      // the snapshot's memory files, open
 	swaps  []diskSwap      // writable disks, in order
+	// mode says which pages can differ from the snapshot's (RollbackRewrite*);
+	// diff, for RollbackRewriteDiff, those of the layers it does not share
+	// with the parent. The parent cannot change before the freeze: Rollback
+	// holds m.snapMu throughout, as every change of the parent does.
+	mode string
+	diff []uint64
 }
 
 // diskSwap is a writable disk and the snapshot's copy of it under a
@@ -143,7 +149,11 @@ func (m *Machine) prepareRollback(snap *snapshot.Snapshot) (_ *rollbackPlan, err
 	if err != nil {
 		return nil, err
 	}
-	p := &rollbackPlan{state: s, layers: layers}
+	p := &rollbackPlan{state: s, layers: layers, mode: RollbackRewrite}
+	if !m.isParent(snap) {
+		// Snapshot files read here, not in the freeze window.
+		p.mode, p.diff = m.layerDiff(layers)
+	}
 	defer func() {
 		if err != nil {
 			p.close()
@@ -174,7 +184,7 @@ func (m *Machine) rollbackLocked(snap *snapshot.Snapshot, p *rollbackPlan, st *R
 	if err != nil {
 		return fmt.Errorf("save current state: %w", err)
 	}
-	restoreMem, err := m.rollbackMemoryLocked(snap, p.layers, st)
+	restoreMem, err := m.rollbackMemoryLocked(p, st)
 	if err != nil {
 		return err
 	}
