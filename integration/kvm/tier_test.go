@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cube-runtime/cube/integration/testhost"
 )
 
 // The KVM tier: the hypervisor packages' tests with tiny synthetic guests need a /dev/kvm that runs guest
@@ -89,7 +91,7 @@ func TestHypervisorKVMTier(t *testing.T) {
 			t0 := time.Now()
 			out, err := cmd.CombinedOutput()
 			if err != nil {
-				t.Fatalf("%s: %v after %v\n%s", pkg, err, time.Since(t0).Round(time.Millisecond), tail(out, 400))
+				t.Fatalf("%s: %v after %v\n%s", pkg, err, time.Since(t0).Round(time.Millisecond), testhost.TailLines(out, 400))
 			}
 			passed := 0
 			for _, l := range bytes.Split(out, []byte("\n")) {
@@ -101,7 +103,7 @@ func TestHypervisorKVMTier(t *testing.T) {
 				t.Errorf("%s: tests skipped for want of KVM inside the test host, where /dev/kvm is real: %q", pkg, skips)
 			}
 			if passed == 0 {
-				t.Fatalf("%s: no test passed\n%s", pkg, tail(out, 40))
+				t.Fatalf("%s: no test passed\n%s", pkg, testhost.TailLines(out, 40))
 			}
 			t.Logf("%s: %d tests passed on the test host's nested KVM in %v", pkg, passed, time.Since(t0).Round(time.Millisecond))
 		})
@@ -117,12 +119,4 @@ func skippedForKVM(out []byte) []string {
 		}
 	}
 	return skips
-}
-
-func tail(b []byte, n int) string {
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }

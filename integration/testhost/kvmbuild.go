@@ -481,7 +481,7 @@ func buildKVMAMDIn(ctx context.Context, work, res string, pkgs kvmSourcePackages
 		return "", werr
 	}
 	if err != nil {
-		return "", fmt.Errorf("make modules in %s: %w:\n%s", kvmDir, err, tailLines(out, 40))
+		return "", fmt.Errorf("make modules in %s: %w:\n%s", kvmDir, err, TailLines(out, 40))
 	}
 	for _, f := range append(uniqueFiles(patches), "kvm-amd.ko", "Kbuild") {
 		data, err := os.ReadFile(filepath.Join(kvmDir, f))

@@ -220,7 +220,7 @@ func buildQEMUIn(ctx context.Context, work, res, tarball, python string, jobs in
 		cmd.Stdout, cmd.Stderr = log, log
 		if err := cmd.Run(); err != nil {
 			tail, _ := os.ReadFile(logPath)
-			return fmt.Errorf("%s: %w (log %s):\n%s", filepath.Base(step[0]), err, logPath, tailLines(tail, 30))
+			return fmt.Errorf("%s: %w (log %s):\n%s", filepath.Base(step[0]), err, logPath, TailLines(tail, 30))
 		}
 	}
 	if err := copyFile(filepath.Join(build, "qemu-system-x86_64"), filepath.Join(res, "qemu-system-x86_64")); err != nil {

@@ -40,10 +40,10 @@ type RunError struct {
 func (e *RunError) Error() string {
 	if r := KernelReport(e.Result.Console, 80); e.KernelFailure && r != "" {
 		return fmt.Sprintf("test host: %s\n--- payload output (tail) ---\n%s\n--- test host kernel report (first 80 lines) ---\n%s\n--- test host console (tail) ---\n%s",
-			e.Reason, tailLines(e.Result.Output, 30), r, e.Result.ConsoleTail(40))
+			e.Reason, TailLines(e.Result.Output, 30), r, e.Result.ConsoleTail(40))
 	}
 	return fmt.Sprintf("test host: %s\n--- payload output (tail) ---\n%s\n--- test host console (tail) ---\n%s",
-		e.Reason, tailLines(e.Result.Output, 30), e.Result.ConsoleTail(40))
+		e.Reason, TailLines(e.Result.Output, 30), e.Result.ConsoleTail(40))
 }
 
 // findQEMU is $CUBE_QEMU when set, else the Platform's variant: the patched build (made on first use) or
@@ -256,7 +256,8 @@ func filterQEMUWarnings(s string) string {
 	return strings.Join(keep, "\n")
 }
 
-func tailLines(b []byte, n int) string {
+// TailLines returns the last n lines of b (a test's output, a log).
+func TailLines(b []byte, n int) string {
 	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]

@@ -112,7 +112,7 @@ type Result struct {
 }
 
 // ConsoleTail returns the last n lines of the console.
-func (r *Result) ConsoleTail(n int) string { return tailLines(r.Console, n) }
+func (r *Result) ConsoleTail(n int) string { return TailLines(r.Console, n) }
 
 // Resolved is the options with every default filled in (the environment's included), as Run uses them.
 func (o Options) Resolved() Options { return o.withDefaults() }

@@ -245,7 +245,7 @@ func runLifecycle(t *testing.T) (time.Duration, error) {
 				break
 			}
 		}
-		t.Logf("%s failed: %v\nconsole:\n%s\nstderr (tail):\n%s", what, err, vmm.ConsoleTail(), tail([]byte(vmm.Stderr()), 20))
+		t.Logf("%s failed: %v\nconsole:\n%s\nstderr (tail):\n%s", what, err, vmm.ConsoleTail(), testhost.TailLines([]byte(vmm.Stderr()), 20))
 		if gone := vmmGone(vmm, what); gone != nil {
 			return gone
 		}

@@ -172,7 +172,7 @@ func drive(env *sandboxenv.Env, total int) int {
 			t.results["host-hang"]++
 			done++
 		case len(lines) == 0:
-			fmt.Fprintf(os.Stderr, "FAIL: test host %d ran no lifecycle (payload exit %d):\n%s\n", t.hosts, res.ExitCode, tail(res.Output, 40))
+			fmt.Fprintf(os.Stderr, "FAIL: test host %d ran no lifecycle (payload exit %d):\n%s\n", t.hosts, res.ExitCode, testhost.TailLines(res.Output, 40))
 			return 1
 		}
 		t.warnings += bytes.Count(res.Console, []byte("] WARNING: CPU: "))
@@ -250,14 +250,6 @@ func kernelFailure(console []byte) (string, string) {
 func firstLine(s string) string {
 	l, _, _ := strings.Cut(strings.TrimSpace(s), "\n")
 	return l
-}
-
-func tail(b []byte, n int) string {
-	ls := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(ls) > n {
-		ls = ls[len(ls)-n:]
-	}
-	return strings.Join(ls, "\n")
 }
 
 // summary is the one line of figures the measurement ends with.
