@@ -84,10 +84,11 @@ func (m *Machine) layerDiff(l *memLayers) (mode string, diff []uint64) {
 	if shared == 0 {
 		return RollbackRewriteAll, nil
 	}
-	words := int(m.totalPages() / 64)
-	diff = make([]uint64, words)
+	// orBitmap stops at the shorter bitmap: diff bounds every layer's to the
+	// VM's pages.
+	diff = make([]uint64, m.totalPages()/64)
 	for i := shared; i < len(l.bitmaps); i++ {
-		diff = orBitmap(diff, clip(l.bitmaps[i], words))
+		diff = orBitmap(diff, l.bitmaps[i])
 	}
 	for i := shared; i < len(p.Manifest.Memory); i++ {
 		bm, err := p.Bitmap(i)
@@ -95,18 +96,9 @@ func (m *Machine) layerDiff(l *memLayers) (mode string, diff []uint64) {
 			// Unreadable, or a full layer past the shared ones: all.
 			return RollbackRewriteAll, nil
 		}
-		diff = orBitmap(diff, clip(bm, words))
+		diff = orBitmap(diff, bm)
 	}
 	return RollbackRewriteDiff, diff
-}
-
-// clip bounds a layer's bitmap to the VM's pages (a bitmap is never longer
-// for a VM of the snapshot's shape, which prepareRollback checked).
-func clip(bm []uint64, words int) []uint64 {
-	if len(bm) > words {
-		return bm[:words]
-	}
-	return bm
 }
 
 // totalPages is the number of guest RAM pages, the regions back to back.
