@@ -16,9 +16,11 @@ import (
 
 // The KVM tier: the hypervisor packages' tests with tiny synthetic guests need a /dev/kvm that runs guest
 // code at CPL0, which the machines we build on do not have (none, or PVM). Their test binaries are built on
-// the host, copied into the test host with each package's source directory at the same absolute path (their
-// testdata; the golden snapshots are found through runtime.Caller), and run there on real nested KVM, where
-// a test that skips for want of KVM is a failure.
+// the host and copied into the test host with the packages' source directories (their testdata) under
+// tierDir/src, and run there on real nested KVM, where a test that skips for want of KVM is a failure. The
+// golden snapshots are found through runtime.Caller, i.e. at the repository's absolute path on the host:
+// inside, that path is made a symlink to tierDir/src (it cannot be copied there: a host path under /tmp would
+// be hidden by the test host's own /tmp).
 
 // kvmTierPkgs are the packages whose tests drive /dev/kvm, relative to the repository root.
 var kvmTierPkgs = []string{"hypervisor/kvmtest", "hypervisor/vcpu", "hypervisor/machine", "hypervisor/vmmcmd"}
@@ -26,8 +28,10 @@ var kvmTierPkgs = []string{"hypervisor/kvmtest", "hypervisor/vcpu", "hypervisor/
 // tierData are directories the tests read outside their own package.
 var tierData = []string{"hypervisor/snapshot/testdata"}
 
-// tierDir is where the binaries are inside the test host.
+// tierDir is where the binaries are inside the test host; the sources are under tierDir/src.
 const tierDir = "/cube/kvmtier"
+
+var tierSrc = filepath.Join(tierDir, "src")
 
 func tierBinary(pkg string) string {
 	return filepath.Join(tierDir, strings.ReplaceAll(pkg, "/", "_")+".test")
@@ -61,10 +65,10 @@ func buildKVMTier(dir string) (map[string]string, error) {
 			return nil, fmt.Errorf("go test -c ./%s: %v\n%s", pkg, err, out)
 		}
 		files[tierBinary(pkg)] = bin
-		files[filepath.Join(root, pkg)] = filepath.Join(root, pkg)
+		files[filepath.Join(tierSrc, pkg)] = filepath.Join(root, pkg)
 	}
 	for _, d := range tierData {
-		files[filepath.Join(root, d)] = filepath.Join(root, d)
+		files[filepath.Join(tierSrc, d)] = filepath.Join(root, d)
 	}
 	return files, nil
 }
@@ -84,10 +88,17 @@ func TestHypervisorKVMTier(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The host's repository path points at the copied sources (runtime.Caller paths resolve).
+	if err := os.MkdirAll(filepath.Dir(root), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(tierSrc, root); err != nil {
+		t.Fatalf("link the repository's host path %s to the copied sources: %v", root, err)
+	}
 	for _, pkg := range kvmTierPkgs {
 		t.Run(strings.ReplaceAll(pkg, "/", "_"), func(t *testing.T) {
 			cmd := exec.Command(tierBinary(pkg), "-test.v", "-test.count=1", "-test.timeout=8m")
-			cmd.Dir = filepath.Join(root, pkg)
+			cmd.Dir = filepath.Join(tierSrc, pkg)
 			t0 := time.Now()
 			out, err := cmd.CombinedOutput()
 			if err != nil {
