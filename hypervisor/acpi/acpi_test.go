@@ -49,7 +49,7 @@ func TestAMLEncodings(t *testing.T) {
 }
 
 var testCfg = Config{Base: 0xe0000, CPUs: 2, SleepPort: 0x3c0, ResetPort: 0x3c1, ResetValue: 1,
-	PCI:    &PCIWindows{MMIO32Base: 0xc0000000, MMIO32Size: 0x3c000000, MMIO64Base: 1 << 40, MMIO64Size: 1 << 36},
+	PCI:     &PCIWindows{MMIO32Base: 0xc0000000, MMIO32Size: 0x3c000000, MMIO64Base: 1 << 40, MMIO64Size: 1 << 36},
 	Serial:  []SerialPort{{Base: 0x3f8, GSI: 4}},
 	VMGenID: &VMGenID{Addr: 0x1_000fe000, GSI: 5}}
 
