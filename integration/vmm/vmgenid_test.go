@@ -14,8 +14,8 @@ import (
 
 // genSample is one "GEN=n id ged urandom" line of the vmgenid guest.
 type genSample struct {
-	seq, id, urandom string
-	ged              int
+	seq, ged    int
+	id, urandom string
 }
 
 func parseGen(v string) (genSample, error) {
@@ -24,7 +24,10 @@ func parseGen(v string) (genSample, error) {
 	if len(f) != 4 {
 		return s, fmt.Errorf("GEN line %q: want 4 fields", v)
 	}
-	s.seq, s.id, s.urandom = f[0], f[1], f[3]
+	s.id, s.urandom = f[1], f[3]
+	if _, err := fmt.Sscan(f[0], &s.seq); err != nil {
+		return s, fmt.Errorf("GEN line %q: no sample number: %v", v, err)
+	}
 	if len(s.id) != 32 || s.id == strings.Repeat("0", 32) {
 		return s, fmt.Errorf("GEN line %q: the guest reads no 16-byte generation id at VGEN.ADDR", v)
 	}
@@ -34,8 +37,7 @@ func parseGen(v string) (genSample, error) {
 	return s, nil
 }
 
-// waitGen polls the guest's latest sample until ok accepts one (bounded): the first sample after a restore, or
-// the first after a rollback, whose id the sample before it does not have.
+// waitGen polls the guest's latest sample until ok accepts one (bounded).
 func waitGen(t *testing.T, r *vmmrun.Process, what string, ok func(genSample) bool) genSample {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
@@ -57,6 +59,15 @@ func waitGen(t *testing.T, r *vmmrun.Process, what string, ok func(genSample) bo
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// settledGen waits for the sample after first, the first line printed after a restore or rollback. That first
+// line may have been computed before the snapshot (the shell read the id, then the VM was frozen and the line
+// printed only after the restore); the next one is wholly the restored guest's.
+func settledGen(t *testing.T, r *vmmrun.Process, what string, first genSample) genSample {
+	t.Helper()
+	t.Logf("%s: first sample %d id %s GED interrupts %d urandom %s", what, first.seq, first.id, first.ged, first.urandom)
+	return waitGen(t, r, what, func(g genSample) bool { return g.seq > first.seq })
 }
 
 func dialCtl(t *testing.T, sock string) *control.Client {
@@ -133,21 +144,24 @@ func TestGuestVMGenID(t *testing.T) {
 		if s.ged <= gedBefore {
 			t.Errorf("%s: GED interrupt count %d, not above %d: the guest was not notified", what, s.ged, gedBefore)
 		}
-		t.Logf("%s: sample %s id %s GED interrupts %d urandom %s", what, s.seq, s.id, s.ged, s.urandom)
+		t.Logf("%s: sample %d id %s GED interrupts %d urandom %s", what, s.seq, s.id, s.ged, s.urandom)
 	}
 	for i := 1; i <= 2; i++ {
 		what := fmt.Sprintf("restore %d", i)
 		rsock := filepath.Join(dir, fmt.Sprintf("restore%d.ctl", i))
 		rr := vmmrun.Start(t, cubeVMM, "restore", "-control", rsock, snap)
-		s := waitGen(t, rr, what, func(genSample) bool { return true })
+		s := settledGen(t, rr, what, waitGen(t, rr, what, func(genSample) bool { return true }))
 		fresh(what, s, booted.ged)
 		rc := dialCtl(t, rsock)
 		if i == 2 {
 			if _, err := rc.Rollback(context.Background(), snap); err != nil {
 				t.Fatalf("rollback: %v", err)
 			}
-			rb := waitGen(t, rr, "rollback", func(g genSample) bool { return g.id != s.id })
-			fresh("in-place rollback", rb, booted.ged)
+			// Every line the VM printed before the rollback (after the first) has s's id: one without it is
+			// the rolled-back guest's.
+			what := "in-place rollback"
+			rb := settledGen(t, rr, what, waitGen(t, rr, what, func(g genSample) bool { return g.id != s.id }))
+			fresh(what, rb, booted.ged)
 		}
 		stopVMM(t, rr, rc)
 	}
