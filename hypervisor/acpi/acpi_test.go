@@ -31,6 +31,15 @@ func TestAMLEncodings(t *testing.T) {
 		{"pkglen 3", pkgLength(0xfff - 1), []byte{0x80 | 0x1, 0x00, 0x01}}, // total 0x1001
 		{"ioport", IOPort(0xcf8, 0xcf8, 1, 8), []byte{0x47, 1, 0xf8, 0x0c, 0xf8, 0x0c, 1, 8}},
 		{"interrupt", Interrupt(4), []byte{0x89, 6, 0, 3, 1, 4, 0, 0, 0}},
+		{"string", String("AB"), []byte{0x0d, 'A', 'B', 0}},
+		{"arg0", Arg(0), []byte{0x68}},
+		{"arg6", Arg(6), []byte{0x6e}},
+		{"lequal", LEqual(Arg(0), Integer(5)), []byte{0x93, 0x68, 0x0a, 5}},
+		{"notify", Notify("\\_SB.VGEN", 0x80),
+			[]byte{0x86, '\\', 0x2e, '_', 'S', 'B', '_', 'V', 'G', 'E', 'N', 0x0a, 0x80}},
+		{"if", If(Integer(1), Integer(0)), []byte{0xa0, 3, 1, 0}},
+		// Method(_EVT, 1){}: PkgLength 6 covers itself, the name and the flags.
+		{"method", Method("_EVT", 1), []byte{0x14, 6, '_', 'E', 'V', 'T', 1}},
 	}
 	for _, c := range cases {
 		if !bytes.Equal(c.got, c.want) {
@@ -40,8 +49,9 @@ func TestAMLEncodings(t *testing.T) {
 }
 
 var testCfg = Config{Base: 0xe0000, CPUs: 2, SleepPort: 0x3c0, ResetPort: 0x3c1, ResetValue: 1,
-	PCI:    &PCIWindows{MMIO32Base: 0xc0000000, MMIO32Size: 0x3c000000, MMIO64Base: 1 << 40, MMIO64Size: 1 << 36},
-	Serial: []SerialPort{{Base: 0x3f8, GSI: 4}}}
+	PCI:     &PCIWindows{MMIO32Base: 0xc0000000, MMIO32Size: 0x3c000000, MMIO64Base: 1 << 40, MMIO64Size: 1 << 36},
+	Serial:  []SerialPort{{Base: 0x3f8, GSI: 4}},
+	VMGenID: &VMGenID{Addr: 0x1_000fe000, GSI: 5}}
 
 // tables walks the blob from the RSDP and returns each table by signature.
 func tables(t *testing.T, blob []byte, base uint64) map[string][]byte {
@@ -168,9 +178,40 @@ func TestDSDTDisassembles(t *testing.T) {
 	}
 	for _, want := range []string{`Name (\_S5, Package (0x02)`, "Device (PCI0)", `EisaId ("PNP0A03")`,
 		"WordBusNumber", "IO (Decode16,", "DWordMemory", "QWordMemory", "0xC0000000,",
-		"Device (COM1)", `EisaId ("PNP0501")`, "Interrupt (ResourceConsumer, Edge, ActiveHigh, Exclusive, ,, )", "0x00000004,"} {
+		"Device (COM1)", `EisaId ("PNP0501")`, "Interrupt (ResourceConsumer, Edge, ActiveHigh, Exclusive, ,, )", "0x00000004,",
+		// The generation id as Linux's vmgenid driver reads it, and its GED.
+		"Device (VGEN)", `Name (_HID, "VMGENCTR")`, `Name (_CID, "VM_GEN_COUNTER")`, "Name (ADDR, Package (0x02)",
+		"0x000FE000,", "One", "Device (GED)", `Name (_HID, "ACPI0013" /* Generic Event Device */)`, "0x00000005,",
+		"Method (_EVT, 1, NotSerialized)", "If ((Arg0 == 0x05))", `Notify (\_SB.VGEN, 0x80)`} {
 		if !strings.Contains(string(dsl), want) {
 			t.Errorf("disassembly lacks %q:\n%s", want, dsl)
 		}
+	}
+}
+
+// TestVMGenIDDevices finds the generation id's ADDR package and the GED's
+// _EVT in the DSDT, as Linux would evaluate them.
+func TestVMGenIDDevices(t *testing.T) {
+	d := DSDT(testCfg)
+	if sum(d) != 0 {
+		t.Fatal("DSDT checksum bad")
+	}
+	addr := Name("ADDR", Package(Integer(0x000fe000), Integer(1)))
+	if !bytes.Contains(d, addr) {
+		t.Errorf("DSDT lacks the ADDR package % x", addr)
+	}
+	evt := Method("_EVT", 1, If(LEqual(Arg(0), Integer(5)), Notify("\\_SB.VGEN", VMGenIDNotify)))
+	if !bytes.Contains(d, evt) {
+		t.Errorf("DSDT lacks the GED's _EVT % x", evt)
+	}
+	for _, s := range []string{"VMGENCTR\x00", "VM_GEN_COUNTER\x00", "ACPI0013\x00"} {
+		if !bytes.Contains(d, []byte(s)) {
+			t.Errorf("DSDT lacks %q", s)
+		}
+	}
+	without := testCfg
+	without.VMGenID = nil
+	if bytes.Contains(DSDT(without), []byte("VGEN")) || bytes.Contains(DSDT(without), []byte("ACPI0013")) {
+		t.Error("DSDT without VMGenID has its devices")
 	}
 }

@@ -27,6 +27,11 @@ const (
 	amlRootChar    = 0x5c
 	amlExtOp       = 0x5b
 	amlDeviceOp    = 0x82
+	amlMethodOp    = 0x14
+	amlArg0Op      = 0x68
+	amlNotifyOp    = 0x86
+	amlLEqualOp    = 0x93
+	amlIfOp        = 0xa0
 )
 
 // nameSeg pads a segment to four characters with '_'.
@@ -161,6 +166,45 @@ func Device(name string, terms ...[]byte) []byte {
 		body = append(body, t...)
 	}
 	return withPkg([]byte{amlExtOp, amlDeviceOp}, body)
+}
+
+// Method encodes Method(name, args, NotSerialized){terms} (sync level 0).
+func Method(name string, args int, terms ...[]byte) []byte {
+	if args < 0 || args > 7 {
+		panic("acpi: a method takes 0..7 arguments") // programming error: methods are constants
+	}
+	body := append(nameString(name), byte(args))
+	for _, t := range terms {
+		body = append(body, t...)
+	}
+	return withPkg([]byte{amlMethodOp}, body)
+}
+
+// Arg encodes ArgN, a method's Nth argument (0..6).
+func Arg(n int) []byte {
+	if n < 0 || n > 6 {
+		panic("acpi: no Arg" + fmt.Sprint(n))
+	}
+	return []byte{byte(amlArg0Op + n)}
+}
+
+// LEqual encodes LEqual(a, b).
+func LEqual(a, b []byte) []byte {
+	return append(append([]byte{amlLEqualOp}, a...), b...)
+}
+
+// If encodes If(predicate){terms}.
+func If(predicate []byte, terms ...[]byte) []byte {
+	body := append([]byte(nil), predicate...)
+	for _, t := range terms {
+		body = append(body, t...)
+	}
+	return withPkg([]byte{amlIfOp}, body)
+}
+
+// Notify encodes Notify(target, value): target is a device's name path.
+func Notify(target string, value uint64) []byte {
+	return append(append([]byte{amlNotifyOp}, nameString(target)...), Integer(value)...)
 }
 
 // Resource descriptors for ResourceTemplate (ACPI 6.4 §6.4).

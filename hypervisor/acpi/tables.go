@@ -1,7 +1,8 @@
 // Package acpi builds the ACPI tables a Linux guest needs on a machine
 // without firmware: RSDP → XSDT → FADT (hardware-reduced, with sleep and
 // reset registers), MADT (one local APIC per vCPU, the IOAPIC, the ISA
-// IRQ0→GSI2 override) and a DSDT (PCI host bridge, \_S5 for power-off).
+// IRQ0→GSI2 override) and a DSDT (PCI host bridge, \_S5 for power-off,
+// the serial ports and, optionally, the VM generation id device).
 // Debian's kernel has no MP-table support, so the MADT is how it finds
 // secondary CPUs.
 package acpi
@@ -37,6 +38,9 @@ type Config struct {
 	// guest sets up no legacy ISA interrupts, so a UART's IRQ only works
 	// if ACPI describes it (Linux's 8250_pnp then maps the GSI).
 	Serial []SerialPort
+	// VMGenID, if set, adds the VM generation id device and the Generic
+	// Event Device that notifies it (vmgenid.go).
+	VMGenID *VMGenID
 }
 
 // SerialPort is one UART: 8 I/O ports at Base, edge interrupt on GSI.
@@ -198,6 +202,9 @@ func DSDT(cfg Config) []byte {
 				Name("_BBN", Integer(0)),
 				Name("_CRS", ResourceTemplate(crs...)),
 			))
+	}
+	if cfg.VMGenID != nil {
+		sb = append(sb, vmgenidDevices(*cfg.VMGenID)...)
 	}
 	if len(sb) > 0 {
 		t = append(t, Scope("\\_SB", sb...)...)

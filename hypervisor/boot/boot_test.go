@@ -230,3 +230,24 @@ func FuzzLoadKernel(f *testing.F) {
 		}
 	})
 }
+
+// TestVMGenIDReserved: the generation id sits in memory the e820 map
+// reserves, apart from the reset stub's page, and is not guest RAM.
+func TestVMGenIDReserved(t *testing.T) {
+	e, err := E820(memory.X86Layout(256 << 20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var in E820Entry
+	for _, r := range e {
+		if VMGenIDAddr >= r.Addr && VMGenIDAddr+16 <= r.Addr+r.Size {
+			in = r
+		}
+	}
+	if in.Type != E820Reserved {
+		t.Errorf("the generation id at %#x is in e820 entry %+v, want a reserved one", VMGenIDAddr, in)
+	}
+	if VMGenIDAddr%4096 != 0 || VMGenIDAddr>>12 == ResetVector>>12 || VMGenIDAddr < ACPIAddr || VMGenIDAddr >= ACPIEnd {
+		t.Errorf("VMGenIDAddr %#x: want its own page inside [%#x, %#x), not the reset stub's", VMGenIDAddr, ACPIAddr, ACPIEnd)
+	}
+}

@@ -17,10 +17,14 @@ const (
 	CmdlineAddr  = 0x20000
 	CmdlineMax   = 0x10000
 	EBDAStart    = 0x9fc00
-	// ACPIAddr..ACPIEnd holds the RSDP and ACPI tables; the e820 map
+	// ACPIAddr..ACPIEnd holds the RSDP and ACPI tables (below
+	// VMGenIDAddr), the VM generation id and the reset stub; the e820 map
 	// marks it reserved so the guest keeps it.
 	ACPIAddr = 0xe0000
 	ACPIEnd  = 0x100000
+	// VMGenIDAddr is the 16-byte VM generation id the DSDT's VGEN.ADDR
+	// names (hypervisor/devices/vmgenid), on a page of its own.
+	VMGenIDAddr = 0xfe000
 	// IdentityMapSize is how much the boot page tables map (2 MiB pages).
 	IdentityMapSize = 1 << 30
 )

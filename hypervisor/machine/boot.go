@@ -24,20 +24,30 @@ import (
 // loadBoot writes the ACPI tables, the reset stub and the boot image
 // (kernel, command line, initrd, zero page) into guest memory.
 func (m *Machine) loadBoot(ram []memory.Range, kernel *boot.Kernel, initrd []byte) (*boot.Loaded, error) {
-	tables, err := acpi.Build(acpi.Config{
+	cfg := acpi.Config{
 		Base: boot.ACPIAddr, CPUs: m.cfg.VCPUs,
 		SleepPort: pm.SleepPort, ResetPort: pm.ResetPort, ResetValue: pm.ResetValue,
 		PCI:    &acpi.PCIWindows{MMIO32Base: PCIMMIO32Base, MMIO32Size: PCIMMIO32Size, MMIO64Base: m.pci64, MMIO64Size: PCIMMIO64Size},
 		Serial: []acpi.SerialPort{{Base: serial.COM1Base, GSI: serial.COM1IRQ}},
-	})
+	}
+	if m.genid != nil {
+		cfg.VMGenID = &acpi.VMGenID{Addr: m.genid.Addr(), GSI: m.genid.GSI()}
+	}
+	tables, err := acpi.Build(cfg)
 	if err != nil {
 		return nil, err
 	}
-	if len(tables) > boot.ACPIEnd-boot.ACPIAddr {
-		return nil, fmt.Errorf("ACPI tables of %d bytes overflow the BIOS area", len(tables))
+	if len(tables) > boot.VMGenIDAddr-boot.ACPIAddr {
+		return nil, fmt.Errorf("ACPI tables of %d bytes overflow the BIOS area below the generation id", len(tables))
 	}
 	if _, err = m.mem.WriteAt(tables, boot.ACPIAddr); err != nil {
 		return nil, fmt.Errorf("write ACPI tables: %w", err)
+	}
+	if m.genid != nil {
+		// The first id: the guest's driver reads it at probe.
+		if err := m.genid.Generate(); err != nil {
+			return nil, err
+		}
 	}
 	if _, err = m.mem.WriteAt(boot.ResetStub(pm.ResetPort, pm.ResetValue), boot.ResetVector); err != nil {
 		return nil, fmt.Errorf("write reset stub: %w", err)

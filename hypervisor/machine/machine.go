@@ -20,10 +20,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cube-runtime/cube/hypervisor/acpi"
+	"github.com/cube-runtime/cube/hypervisor/boot"
 	"github.com/cube-runtime/cube/hypervisor/bus"
 	"github.com/cube-runtime/cube/hypervisor/devices/i8042"
 	"github.com/cube-runtime/cube/hypervisor/devices/pm"
 	"github.com/cube-runtime/cube/hypervisor/devices/serial"
+	"github.com/cube-runtime/cube/hypervisor/devices/vmgenid"
 	"github.com/cube-runtime/cube/hypervisor/kvm"
 	"github.com/cube-runtime/cube/hypervisor/memory"
 	"github.com/cube-runtime/cube/hypervisor/pci"
@@ -55,6 +57,11 @@ type Config struct {
 	// trace after "Kernel panic" before ending the VM (default 2s).
 	PanicGrace time.Duration
 	Log        *logrus.Entry
+	// VMGenID adds the VM generation id device (ACPI VGEN and a Generic
+	// Event Device on vmgenid.GSI): a random id at boot, a new one and a
+	// notification on every restore and rollback. A restore takes it from
+	// the snapshot's configuration: it must match the snapshot's state.
+	VMGenID bool
 	// Prepared, if set, is a KVM VM made ahead of time by PrepareVM (a
 	// standby VMM waiting for a snapshot): Restore uses it instead of
 	// creating one, and owns it from then on, whatever the outcome.
@@ -154,6 +161,7 @@ type Machine struct {
 	cpus    vcpu.Set
 	serial  *serial.Serial
 	console *console
+	genid   *vmgenid.Device // nil without Config.VMGenID
 	irqfds  []int
 
 	// steps times Restore and StartRestored (nil otherwise); restoreSteps
@@ -254,8 +262,15 @@ func New(cfg Config) (_ *Machine, err error) {
 }
 
 // addLegacyDevices wires the serial console (COM1 on IRQ 4), the i8042
-// reset and the ACPI power-management ports.
+// reset, the ACPI power-management ports and, if configured, the VM
+// generation id (guest memory must be there).
 func (m *Machine) addLegacyDevices() error {
+	if m.cfg.VMGenID {
+		var err error
+		if m.genid, err = vmgenid.New(vmgenid.Options{Mem: m.mem, Addr: boot.VMGenIDAddr, GSI: vmgenid.GSI, Raise: m.pulseGSI}); err != nil {
+			return err
+		}
+	}
 	m.console = &console{out: m.cfg.Console, onPanic: m.guestPanicked}
 	// The UART's interrupt is a synchronous edge on the irqchip input
 	// (KVM_IRQ_LINE high then low) from the vCPU thread that caused it.
@@ -280,6 +295,14 @@ func (m *Machine) addLegacyDevices() error {
 		OnReset:    func() { m.finish(ExitReboot, nil) },
 	}
 	return m.pio.Register(pm.Base, pm.Size, "acpi pm", power)
+}
+
+// pulseGSI raises an edge on an irqchip input: high, then low.
+func (m *Machine) pulseGSI(gsi uint32) error {
+	if err := m.vm.IRQLine(gsi, true); err != nil {
+		return err
+	}
+	return m.vm.IRQLine(gsi, false)
 }
 
 // logUnclaimed traces accesses no device took (first 5000 only).

@@ -248,7 +248,10 @@ func (m *Machine) loadState(snap *snapshot.Snapshot, parsing <-chan parsedState)
 		return err
 	}
 	m.steps.Mark("decode") // the wait for the decode, no longer its whole cost
-	return m.applyState(p.s, true)
+	if err := m.applyState(p.s, true); err != nil {
+		return err
+	}
+	return m.newGeneration("restore")
 }
 
 // RestoreSteps lists how long each step of Restore and StartRestored took

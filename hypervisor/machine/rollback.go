@@ -217,6 +217,13 @@ func (m *Machine) rollbackLocked(snap *snapshot.Snapshot, p *rollbackPlan, st *R
 	if _, err := m.takeDirtyLocked(); err == nil {
 		m.setParentLocked(snap.Dir, snap.State)
 	}
+	// The VM goes back in time: its RNG state would be replayed. Linux
+	// wants a new generation on any restore of a snapshot, in place too.
+	// The rollback is done by now, so a failure here is logged, not
+	// returned (it cannot happen short of a broken KVM VM).
+	if err := m.newGeneration("rollback"); err != nil {
+		m.log.WithError(err).Error("the rolled-back guest keeps the snapshot's generation id: its RNG is not reseeded by the VMM")
+	}
 	return nil
 }
 

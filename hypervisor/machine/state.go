@@ -1,6 +1,7 @@
 package machine
 
 import (
+	"encoding/json"
 	"fmt"
 	"sort"
 
@@ -64,6 +65,11 @@ func (m *Machine) captureState() (*snapshot.State, error) {
 	}
 	if s.Serial, err = m.serial.SaveState(); err != nil {
 		return nil, err
+	}
+	if m.genid != nil {
+		if s.VMGenID, err = m.genid.SaveState(); err != nil {
+			return nil, err
+		}
 	}
 	for i, v := range m.virtio {
 		d, ok := v.dev.(snapshot.Device)
@@ -289,6 +295,10 @@ func (m *Machine) checkState(s *snapshot.State) error {
 			return fmt.Errorf("state vCPU %d has id %d: %w", i, v.ID, snapshot.ErrCorrupt)
 		}
 	}
+	if has := len(nonNull(s.VMGenID)) > 0; has != (m.genid != nil) {
+		return fmt.Errorf("state has a VM generation id device: %v, this VM: %v (cube-vmm -vmgenid; a restore takes it from the snapshot): %w",
+			has, m.genid != nil, snapshot.ErrMismatch)
+	}
 	if len(s.Devices) != len(m.virtio) {
 		return fmt.Errorf("state has %d virtio devices, VM has %d: %w", len(s.Devices), len(m.virtio), snapshot.ErrMismatch)
 	}
@@ -329,6 +339,34 @@ func (m *Machine) checkRings(transport []byte) error {
 	return nil
 }
 
+// nonNull is a raw JSON value, or nil for JSON null.
+func nonNull(r json.RawMessage) json.RawMessage {
+	if string(r) == "null" {
+		return nil
+	}
+	return r
+}
+
+// newGeneration gives a machine that may now run a second time from one
+// state (a restore, a rollback) a new generation id and tells the guest,
+// whose vmgenid driver then reseeds its CRNG: two VMs restored from one
+// snapshot, or one VM rolled back, must not go on drawing the same random
+// numbers. No-op without the device.
+// Ordering: after the state is loaded (the irqchip must have the guest's
+// routing for the interrupt, the LAPICs their state) and, on rollback,
+// after the dirty record was taken, so that the id's page is in the next
+// incremental snapshot; the vCPUs are parked.
+func (m *Machine) newGeneration(why string) error {
+	if m.genid == nil {
+		return nil
+	}
+	if err := m.genid.NewGeneration(); err != nil {
+		return fmt.Errorf("%s: %w", why, err)
+	}
+	m.log.WithFields(logrus.Fields{"id": m.genid.String(), "after": why}).Debug("new VM generation id")
+	return nil
+}
+
 // applyState loads a decoded state into the parked machine.
 func (m *Machine) applyState(s *snapshot.State, setCPUID bool) error {
 	if err := m.restoreVM(s); err != nil {
@@ -343,6 +381,11 @@ func (m *Machine) applyState(s *snapshot.State, setCPUID bool) error {
 	m.steps.Mark("state.vcpus")
 	if err := m.serial.RestoreState(s.Serial); err != nil {
 		return err
+	}
+	if m.genid != nil { // checkState made sure the state has one
+		if err := m.genid.RestoreState(s.VMGenID); err != nil {
+			return err
+		}
 	}
 	defer m.steps.Mark("state.devices")
 	return m.restoreDevices(s)

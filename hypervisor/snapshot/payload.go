@@ -21,6 +21,9 @@ type State struct {
 	Serial json.RawMessage `json:"Serial"`
 	// Devices are the virtio devices, in attach (PCI) order.
 	Devices []DeviceState `json:"Devices"`
+	// VMGenID is the VM generation id device's state as it saved it; nil
+	// (omitted) for a VM without one, as every snapshot before it had.
+	VMGenID json.RawMessage `json:"VMGenID,omitempty"`
 }
 
 // DeviceState is one virtio device's record: its kind, its transport's state

@@ -122,7 +122,7 @@ func restoreVM(dir string, f restoreFlags, prepared *machine.PreparedVM, stdout 
 		return nil, fmt.Errorf("snapshot %s: %w", snap.Dir, err)
 	}
 	r.steps.Mark("disks")
-	mc := machine.Config{KVMDevice: cfg.KVMDevice, Log: logrus.NewEntry(log), Prepared: prepared, Console: console}
+	mc := machine.Config{KVMDevice: cfg.KVMDevice, Log: logrus.NewEntry(log), Prepared: prepared, Console: console, VMGenID: cfg.VMGenID}
 	prepared = nil // Restore owns it now
 	m, err := machine.Restore(snap, mc, func(m *machine.Machine) error {
 		closeDevices, err := attachDevices(m, &cfg)

@@ -56,6 +56,12 @@ type Config struct {
 	VsockCID      uint64 `toml:"vsock_cid" json:"VsockCID"`           // guest CID, default 3
 	RNG           bool   `toml:"rng" json:"RNG"`                      // virtio-rng, default on
 	Net           []Net  `toml:"net" json:"Net,omitempty"`            // virtio-net devices on taps, after every other device
+	// VMGenID adds the VM generation id device (ACPI, not PCI): a new id
+	// and a notification on every restore and rollback, which a guest
+	// kernel with CONFIG_VMGENID turns into a CRNG reseed. Default off;
+	// omitted when off, so a configuration without it records what it
+	// did before.
+	VMGenID bool `toml:"vmgenid" json:"VMGenID,omitempty"`
 }
 
 // Disk is one virtio-blk disk ([[disk]] in the config file).
@@ -231,7 +237,7 @@ func machineConfig(cfg *Config, stdin io.Reader, stdout io.Writer, log *logrus.L
 	mc := machine.Config{
 		KVMDevice: cfg.KVMDevice, Kernel: cfg.Kernel, Initrd: cfg.Initrd, Cmdline: cfg.Cmdline,
 		MemoryMiB: cfg.MemoryMiB, VCPUs: cfg.VCPUs, HugePages: cfg.HugePages, Log: logrus.NewEntry(log),
-		Decompress: cfg.Decompress, KernelCache: cfg.KernelCache,
+		Decompress: cfg.Decompress, KernelCache: cfg.KernelCache, VMGenID: cfg.VMGenID,
 	}
 	switch cfg.ConsoleInput {
 	case "none", "":
@@ -369,6 +375,7 @@ func parse(args []string, stderr io.Writer) (Config, error) {
 	fs.StringVar(&f.Vsock, "vsock", "", "virtio-vsock with its host side on this Unix socket `path` (host connects and writes \"CONNECT <port>\\n\"; guest connections to port P go to PATH_P)")
 	fs.Uint64Var(&f.VsockCID, "vsock-cid", cfg.VsockCID, "guest vsock CID (>= 3)")
 	fs.BoolVar(&f.RNG, "rng", cfg.RNG, "virtio-rng entropy device")
+	fs.BoolVar(&f.VMGenID, "vmgenid", cfg.VMGenID, "VM generation id device (ACPI VGEN + GED): a new id and a guest notification on every restore and rollback, so a guest kernel with CONFIG_VMGENID reseeds its RNG")
 	var nets netFlags
 	fs.Var(&nets, "net", "virtio-net device `tap=NAME|fd=N[,mac=XX:XX:XX:XX:XX:XX]` on an existing tap (by name, or an attached tap fd the caller passed); no mac: a random locally administered one (repeatable: eth0, eth1, … in order)")
 	if err := fs.Parse(args); err != nil {
@@ -428,6 +435,8 @@ func parse(args []string, stderr io.Writer) (Config, error) {
 			cfg.VsockCID = f.VsockCID
 		case "rng":
 			cfg.RNG = f.RNG
+		case "vmgenid":
+			cfg.VMGenID = f.VMGenID
 		case "net":
 			cfg.Net = append(cfg.Net, nets...)
 		}

@@ -2,12 +2,15 @@ package vmmcmd
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sirupsen/logrus"
 
 	"github.com/cube-runtime/cube/hypervisor/control"
 	"github.com/cube-runtime/cube/hypervisor/kvmtest"
@@ -187,5 +190,46 @@ func TestPanicExcerptKeepsTheReason(t *testing.T) {
 	}
 	if n := strings.Count(ex, "\n"); n > 130 {
 		t.Errorf("excerpt of %d lines", n)
+	}
+}
+
+// TestVMGenIDConfig: off by default and then absent from a snapshot's
+// recorded configuration (what it was before the device existed); on by
+// flag or config key, and recorded so a restore rebuilds it.
+func TestVMGenIDConfig(t *testing.T) {
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "vm.toml")
+	os.WriteFile(cfgPath, []byte("kernel = '/k'\nvmgenid = true\n"), 0o644)
+	for _, c := range []struct {
+		args []string
+		want bool
+	}{
+		{[]string{"-kernel", "/k"}, false},
+		{[]string{"-kernel", "/k", "-vmgenid"}, true},
+		{[]string{"-config", cfgPath}, true},
+		{[]string{"-config", cfgPath, "-vmgenid=false"}, false},
+	} {
+		cfg, err := parse(c.args, &bytes.Buffer{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.VMGenID != c.want {
+			t.Errorf("%q: VMGenID %v, want %v", c.args, cfg.VMGenID, c.want)
+		}
+		j, err := json.Marshal(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(string(j), `"VMGenID":true`); got != c.want || (!c.want && strings.Contains(string(j), "VMGenID")) {
+			t.Errorf("%q: recorded configuration %s", c.args, j)
+		}
+		mc, closeConsole, err := machineConfig(&Config{Kernel: cfgPath, MemoryMiB: 64, VCPUs: 1, Console: "none", VMGenID: cfg.VMGenID}, nil, nil, logrus.New())
+		if err != nil {
+			t.Fatal(err)
+		}
+		closeConsole()
+		if mc.VMGenID != c.want {
+			t.Errorf("%q: machine config VMGenID %v", c.args, mc.VMGenID)
+		}
 	}
 }

@@ -161,6 +161,26 @@ net)
 	echo "BULK_IN=$(timeout 120 nc 10.0.2.2 7002 </dev/null | wc -c)"
 	echo "RX_ERRORS=$(cat /sys/class/net/eth0/statistics/rx_errors)"
 	;;
+vmgenid)
+	# The VM generation id (TestGuestVMGenID): the ACPI devices the kernel found, then, every second, a
+	# sample: the 16 bytes at the address VGEN.ADDR names (read through /dev/mem: e820-reserved, below 1 MiB),
+	# the count of the GED's interrupt, and 16 bytes of /dev/urandom.
+	d=/sys/bus/acpi/devices
+	echo "VMGENID_HID=$(cat $d/VMGENCTR:00/hid 2>/dev/null)"
+	echo "VMGENID_PATH=$(cat $d/VMGENCTR:00/path 2>/dev/null)"
+	echo "VMGENID_DRIVER=$(readlink $d/VMGENCTR:00/driver 2>/dev/null | sed 's,.*/,,')"
+	echo "GED_HID=$(cat $d/ACPI0013:00/hid 2>/dev/null)"
+	echo "GED_DRIVER=$(readlink /sys/bus/platform/devices/ACPI0013:00/driver 2>/dev/null | sed 's,.*/,,')"
+	n=0
+	while true; do
+		n=$((n+1))
+		id=$(dd if=/dev/mem bs=16 skip=$((0xfe000/16)) count=1 2>/dev/null | od -An -tx1 | tr -d ' \n')
+		ged=$(awk '/ACPI:Ged/ { s = 0; for (i = 2; i <= NF && $i ~ /^[0-9]+$/; i++) s += $i; print s }' /proc/interrupts)
+		rnd=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+		echo "GEN=$n ${id:-none} ${ged:-none} $rnd"
+		sleep 1
+	done
+	;;
 reboot) reboot -f ;;
 panic) echo c >/proc/sysrq-trigger ;;
 esac
