@@ -151,6 +151,9 @@ func (a *Agent) RenameContainer(ctx context.Context, cid, newID string) error {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if a.RenameErr != nil {
+		return a.RenameErr
+	}
 	c, ok := a.containers[cid]
 	if !ok {
 		return fmt.Errorf("container %s: not found", cid)
