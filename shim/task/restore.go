@@ -35,10 +35,6 @@ import (
 // adopts its init, and keeps the VM paused: the task is CREATED, and Start
 // resumes it, as runc's shim restores on Start.
 
-// HostFactsName is the file a checkpoint writes beside its vm/ directory:
-// the CPU it was taken on, which a restore elsewhere checks.
-const HostFactsName = "cube-host.json"
-
 // containerdCheckpointPrefix names the temporary directories containerd
 // unpacks a checkpoint's criu.tar into (and never removes).
 const containerdCheckpointPrefix = "ctrd-checkpoint"
@@ -72,7 +68,7 @@ type restorePlan struct {
 // kernel than the configured one, another CPU than this host's (when the
 // checkpoint recorded it), or a VM that is not a single-container Cube
 // sandbox. (cube-vmm itself refuses a snapshot of another VMM version.)
-func planRestore(vm string, cfg config.Config, here *hostFacts) (restorePlan, error) {
+func planRestore(vm string, cfg config.Config, here *sandbox.HostFacts) (restorePlan, error) {
 	b, err := os.ReadFile(filepath.Join(vm, snapshot.ManifestName))
 	if err != nil {
 		return restorePlan{}, fmt.Errorf("checkpoint: %w", err)
@@ -96,12 +92,19 @@ func planRestore(vm string, cfg config.Config, here *hostFacts) (restorePlan, er
 		}
 	}
 	if here != nil {
-		if then, err := readHostFactsFile(filepath.Join(filepath.Dir(vm), HostFactsName)); err != nil {
-			return restorePlan{}, fmt.Errorf("checkpoint %s: %w", vm, err)
-		} else if then != nil {
-			if err := then.compatibleWith(*here); err != nil {
+		// In the VM snapshot (the snapshot service's), or beside it (a checkpoint's).
+		for _, p := range []string{filepath.Join(vm, sandbox.HostFactsName), filepath.Join(filepath.Dir(vm), sandbox.HostFactsName)} {
+			then, err := sandbox.ReadHostFacts(p)
+			if err != nil {
+				return restorePlan{}, fmt.Errorf("checkpoint %s: %w", vm, err)
+			}
+			if then == nil {
+				continue
+			}
+			if err := then.CompatibleWith(*here); err != nil {
 				return restorePlan{}, fmt.Errorf("checkpoint %s: %w: %w", vm, err, errdefs.ErrFailedPrecondition)
 			}
+			break
 		}
 	}
 	p := restorePlan{slots: len(m.Shape.Disks)}
@@ -164,7 +167,7 @@ func (s *Service) createFromCheckpoint(ctx context.Context, req *taskAPI.CreateT
 	if err != nil {
 		return nil, err
 	}
-	here, err := currentHostFacts()
+	here, err := sandbox.CurrentHostFacts()
 	if err != nil {
 		s.o.Log.WithError(err).Warn("restore: this host's CPU is not known; the checkpoint's is not compared")
 		here = nil

@@ -36,7 +36,7 @@ func testManifest(kernelSHA string) snapshot.Manifest {
 
 // writeCheckpoint writes m as dir/vm/manifest.json (and facts, when not
 // nil, as dir/cube-host.json); it returns the vm directory.
-func writeCheckpoint(t *testing.T, dir string, m snapshot.Manifest, facts *hostFacts) string {
+func writeCheckpoint(t *testing.T, dir string, m snapshot.Manifest, facts *sandbox.HostFacts) string {
 	t.Helper()
 	vm := filepath.Join(dir, CheckpointDirName)
 	if err := os.MkdirAll(vm, 0o700); err != nil {
@@ -48,7 +48,7 @@ func writeCheckpoint(t *testing.T, dir string, m snapshot.Manifest, facts *hostF
 	}
 	if facts != nil {
 		b, _ := json.Marshal(facts)
-		if err := os.WriteFile(filepath.Join(dir, HostFactsName), b, 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, sandbox.HostFactsName), b, 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -87,9 +87,9 @@ func TestPlanRestore(t *testing.T) {
 	sum, _ := fileSHA256(kernel)
 	cfg := config.Default()
 	cfg.Kernel = kernel
-	here := &hostFacts{CPUVendor: "AuthenticAMD", CPUModel: "EPYC", CPUFlags: []string{"fpu", "sse2", "svm"}}
+	here := &sandbox.HostFacts{CPUVendor: "AuthenticAMD", CPUModel: "EPYC", CPUFlags: []string{"fpu", "sse2", "svm"}}
 
-	vm := writeCheckpoint(t, t.TempDir(), testManifest(sum), &hostFacts{CPUVendor: "AuthenticAMD", CPUFlags: []string{"fpu", "sse2"}})
+	vm := writeCheckpoint(t, t.TempDir(), testManifest(sum), &sandbox.HostFacts{CPUVendor: "AuthenticAMD", CPUFlags: []string{"fpu", "sse2"}})
 	p, err := planRestore(vm, cfg, here)
 	if err != nil || p.slots != 2 || p.rootfsSerial != sandbox.SlotSerial(0) {
 		t.Fatalf("plan %+v %v", p, err)
@@ -98,13 +98,13 @@ func TestPlanRestore(t *testing.T) {
 	for _, c := range []struct {
 		name  string
 		edit  func(*snapshot.Manifest)
-		facts *hostFacts
+		facts *sandbox.HostFacts
 		want  string
 	}{
 		{"another VMM", func(m *snapshot.Manifest) { m.Components.VMMVersion = "cube-vmm/0 state/0" }, nil, `made by "cube-vmm/0 state/0"`},
 		{"another kernel", func(m *snapshot.Manifest) { m.Components.KernelSHA256 = strings.Repeat("0", 64) }, nil, "ran guest kernel sha256 000"},
-		{"another CPU vendor", nil, &hostFacts{CPUVendor: "GenuineIntel", CPUModel: "Xeon", CPUFlags: []string{"fpu"}}, "taken on a GenuineIntel CPU (Xeon)"},
-		{"missing CPU features", nil, &hostFacts{CPUVendor: "AuthenticAMD", CPUFlags: []string{"fpu", "avx512f", "sse2"}}, "lacks: avx512f"},
+		{"another CPU vendor", nil, &sandbox.HostFacts{CPUVendor: "GenuineIntel", CPUModel: "Xeon", CPUFlags: []string{"fpu"}}, "taken on a GenuineIntel CPU (Xeon)"},
+		{"missing CPU features", nil, &sandbox.HostFacts{CPUVendor: "AuthenticAMD", CPUFlags: []string{"fpu", "avx512f", "sse2"}}, "lacks: avx512f"},
 		{"a pod", func(m *snapshot.Manifest) { m.Shape.Disks[1].Source = "/images/other.ext4" }, nil, "both hold a container's rootfs"},
 		{"no rootfs", func(m *snapshot.Manifest) { m.Shape.Disks[0].Source = "/x/slot-0.img" }, nil, "no drive holds"},
 		{"not a Cube sandbox", func(m *snapshot.Manifest) { m.Shape.Disks[0].Serial = "root" }, nil, `serial "root"`},
@@ -124,20 +124,6 @@ func TestPlanRestore(t *testing.T) {
 	os.WriteFile(filepath.Join(vm, snapshot.ManifestName), []byte(`{"format_version":99}`), 0o600)
 	if _, err := planRestore(vm, cfg, here); !errors.Is(err, snapshot.ErrVersion) || !errdefs.IsFailedPrecondition(err) {
 		t.Errorf("format 99: %v", err)
-	}
-}
-
-func TestParseCPUInfo(t *testing.T) {
-	const info = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC Processor\nflags\t\t: sse2 fpu svm\n\nprocessor\t: 1\nvendor_id\t: Other\n"
-	h, err := parseCPUInfo(strings.NewReader(info))
-	if err != nil || h.CPUVendor != "AuthenticAMD" || h.CPUModel != "AMD EPYC Processor" || strings.Join(h.CPUFlags, " ") != "fpu sse2 svm" {
-		t.Fatalf("%+v %v", h, err)
-	}
-	if _, err := parseCPUInfo(strings.NewReader("processor: 0\n")); err == nil {
-		t.Error("cpuinfo without vendor and flags accepted")
-	}
-	if err := h.compatibleWith(h); err != nil {
-		t.Errorf("a CPU is not compatible with itself: %v", err)
 	}
 }
 

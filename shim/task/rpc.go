@@ -327,7 +327,7 @@ func (s *Service) Checkpoint(ctx context.Context, req *taskAPI.CheckpointTaskReq
 	if err != nil {
 		return nil, errOut(fmt.Errorf("checkpoint %s: %w", req.ID, err))
 	}
-	if err := writeHostFacts(req.Path); err != nil {
+	if err := sandbox.WriteHostFacts(req.Path); err != nil {
 		// A restore elsewhere then cannot compare CPUs; the checkpoint stands.
 		s.o.Log.WithError(err).Warn("checkpoint: this host's CPU not recorded")
 	}

@@ -1,4 +1,4 @@
-package task
+package sandbox
 
 import (
 	"bufio"
@@ -12,10 +12,10 @@ import (
 	"strings"
 )
 
-// hostFacts is the CPU a checkpoint was taken on (HostFactsName): a VM's
+// HostFacts is the CPU a snapshot was taken on (HostFactsName): a VM's
 // vCPUs carry the CPUID features the guest saw, and a guest that uses a
 // feature this CPU lacks faults after the restore, so a restore refuses it.
-type hostFacts struct {
+type HostFacts struct {
 	CPUVendor string   `json:"cpu_vendor"`
 	CPUModel  string   `json:"cpu_model"`
 	CPUFlags  []string `json:"cpu_flags"`
@@ -25,8 +25,8 @@ type hostFacts struct {
 const maxHostFacts = 64 << 10
 
 // parseCPUInfo reads the first processor of /proc/cpuinfo.
-func parseCPUInfo(r io.Reader) (hostFacts, error) {
-	var h hostFacts
+func parseCPUInfo(r io.Reader) (HostFacts, error) {
+	var h HostFacts
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
@@ -60,7 +60,7 @@ func parseCPUInfo(r io.Reader) (hostFacts, error) {
 	return h, nil
 }
 
-func currentHostFacts() (*hostFacts, error) {
+func CurrentHostFacts() (*HostFacts, error) {
 	f, err := os.Open("/proc/cpuinfo")
 	if err != nil {
 		return nil, err
@@ -73,9 +73,14 @@ func currentHostFacts() (*hostFacts, error) {
 	return &h, nil
 }
 
-// writeHostFacts records this host's CPU in dir (beside the checkpoint's vm/).
-func writeHostFacts(dir string) error {
-	h, err := currentHostFacts()
+// HostFactsName is the file that records, in a VM snapshot directory (or
+// beside a checkpoint's vm/), the CPU it was taken on: a restore elsewhere
+// checks it.
+const HostFactsName = "cube-host.json"
+
+// WriteHostFacts records this host's CPU in dir.
+func WriteHostFacts(dir string) error {
+	h, err := CurrentHostFacts()
 	if err != nil {
 		return err
 	}
@@ -86,9 +91,9 @@ func writeHostFacts(dir string) error {
 	return os.WriteFile(filepath.Join(dir, HostFactsName), b, 0o600)
 }
 
-// readHostFactsFile reads a checkpoint's host facts (nil when it has none:
+// ReadHostFacts reads a checkpoint's host facts (nil when it has none:
 // a snapshot from the store, or a checkpoint of an older shim).
-func readHostFactsFile(p string) (*hostFacts, error) {
+func ReadHostFacts(p string) (*HostFacts, error) {
 	f, err := os.Open(p)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -104,16 +109,16 @@ func readHostFactsFile(p string) (*hostFacts, error) {
 	if len(b) > maxHostFacts {
 		return nil, fmt.Errorf("%s: larger than %d bytes", p, maxHostFacts)
 	}
-	var h hostFacts
+	var h HostFacts
 	if err := json.Unmarshal(b, &h); err != nil {
 		return nil, fmt.Errorf("%s: %v", p, err)
 	}
 	return &h, nil
 }
 
-// compatibleWith says why a VM checkpointed on h cannot run on here (nil
+// CompatibleWith says why a VM checkpointed on h cannot run on here (nil
 // when it can): another CPU vendor, or CPU features here lacks.
-func (h hostFacts) compatibleWith(here hostFacts) error {
+func (h HostFacts) CompatibleWith(here HostFacts) error {
 	if h.CPUVendor != here.CPUVendor {
 		return fmt.Errorf("it was taken on a %s CPU (%s), this host's is %s (%s): restore it on a host with the same CPU", h.CPUVendor, h.CPUModel, here.CPUVendor, here.CPUModel)
 	}
