@@ -107,9 +107,15 @@ func (g *globals) defaults(getenv func(string) string) {
 
 // register adds the global flags to fs, their defaults the values so far.
 func (g *globals) register(fs *flag.FlagSet) {
+	g.registerLong(fs)
+	fs.StringVar(&g.namespace, "n", g.namespace, "containerd namespace (short)")
+}
+
+// registerLong adds the global flags without -n (which `cube fork` uses for
+// the number of clones; --namespace, or -n before the command, still work).
+func (g *globals) registerLong(fs *flag.FlagSet) {
 	fs.StringVar(&g.address, "address", g.address, "containerd's socket")
 	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace")
-	fs.StringVar(&g.namespace, "n", g.namespace, "containerd namespace (short)")
 	fs.StringVar(&g.state, "state", g.state, "containerd's state directory")
 	fs.StringVar(&g.storeRoot, "store-root", g.storeRoot, "the snapshot store's root")
 }

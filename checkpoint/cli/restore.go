@@ -112,7 +112,8 @@ share random numbers. The temporary snapshot is deleted before cube
 returns (if cube dies first, the store's next start deletes it).
 
 Flags:
-  -n N               how many clones (1..100)
+  -n N               how many clones (1..100); here -n is not the namespace:
+                     use --namespace NS (or 'cube -n NS fork …')
   --prefix P         the clones' ids are P-1 … P-N (default CONTAINER-fork-XXXXXX, random)
   --all-or-nothing   if a clone fails, stop and remove the clones made
   --json             print the result as JSON
@@ -126,7 +127,7 @@ exits 1 when any clone is missing.
 func (r *runner) fork(ctx context.Context, args []string) int {
 	const cmd = "cube fork"
 	fs := r.flagSet(cmd)
-	r.g.register(fs)
+	r.g.registerLong(fs)
 	n := fs.Int("n", 0, "clones")
 	prefix := fs.String("prefix", "", "prefix")
 	all := fs.Bool("all-or-nothing", false, "all or nothing")
