@@ -297,7 +297,9 @@ func (s *Service) adoptRestored(ctx context.Context, sb *sandbox.Sandbox, id str
 	hio.Attach(s.reattachStreams(ctx, agent, *init, log))
 	for _, g := range guest {
 		if g.ExecID != "" && g.Status != sandbox.GuestStopped {
-			s.drainUnknown(ctx, agent, g)
+			glog := log.WithFields(logrus.Fields{"exec": g.ExecID, "pid": g.Pid})
+			glog.Info("restore: the checkpoint's exec runs on, unknown to containerd (its output is discarded; list and signal it through the snapshot service)")
+			s.drainOutput(ctx, agent, g, glog)
 		}
 	}
 	p := process.NewRestored(process.Options{
