@@ -3,7 +3,6 @@ package shim
 import (
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 )
@@ -40,8 +39,6 @@ func (d *daemons) checkpointLeftovers() []string {
 // worker answers with the checkpoint's counter, identity, pid and digest
 // exactly, then counts on once released; the init's own counter runs on; the
 // new container's execs work (the guest's container answers to the new id).
-// Then the same through `ctr task checkpoint` without --image-path, of the
-// restored container.
 func TestCtrContainerRestore(t *testing.T) {
 	d := startDaemons(t)
 	const src, dst = "cube-cp-src", "cube-cp-dst"
@@ -81,12 +78,7 @@ func TestCtrContainerRestore(t *testing.T) {
 	if out, rc, err := d.ctr("containers", "restore", "--live", "--rw", dst, ref); err != nil || rc != 0 {
 		t.Fatalf("ctr containers restore --live --rw: rc %d %v\n%s", rc, err, out)
 	}
-	dstRemoved := false
-	t.Cleanup(func() {
-		if !dstRemoved {
-			d.remove(t, dst)
-		}
-	})
+	t.Cleanup(func() { d.remove(t, dst) })
 	dstTask := d.waitStatus(t, dst, "RUNNING", time.Minute)
 	if dstTask.pid == srcTask.pid || dstTask.pid <= 0 {
 		t.Errorf("restored task's VMM pid %d, the source's was %d: want a new VMM", dstTask.pid, srcTask.pid)
@@ -103,31 +95,4 @@ func TestCtrContainerRestore(t *testing.T) {
 		t.Errorf("containerd's unpacked checkpoints left behind: %v", left)
 	}
 
-	// `ctr task checkpoint` without --image-path: containerd tars the
-	// shim's checkpoint into a checkpoint image, which restores the same
-	// way. The restored container is checkpointed in turn (its guest's
-	// container has the new id by now).
-	at = d.workerAnswers(t, dst, "hold")
-	out, rc, err := d.ctr("task", "checkpoint", dst)
-	if err != nil || rc != 0 {
-		t.Fatalf("ctr task checkpoint (no --image-path): rc %d %v\n%s", rc, err, out)
-	}
-	name := strings.TrimSpace(out[strings.LastIndex(strings.TrimSpace(out), "\n")+1:])
-	t.Cleanup(func() { d.ctrQuiet(nil, "images", "rm", "--sync", name) })
-	d.remove(t, dst)
-	dstRemoved = true
-	dst2 := dst + "-2"
-	if out, rc, err := d.ctr("containers", "restore", "--live", dst2, name); err != nil || rc != 0 {
-		t.Fatalf("ctr containers restore --live of %s: rc %d %v\n%s", name, rc, err, out)
-	}
-	t.Cleanup(func() { d.remove(t, dst2) })
-	d.waitStatus(t, dst2, "RUNNING", time.Minute)
-	if got := d.workerAnswers(t, dst2, "query"); !got.same(at) {
-		t.Fatalf("the worker restored from ctr task checkpoint is %+v, want %+v", got, at)
-	}
-	d.workerAnswers(t, dst2, "release")
-	d.workerAbove(t, dst2, at.Counter)
-	if left := d.checkpointLeftovers(); len(left) > 0 {
-		t.Errorf("containerd's unpacked checkpoints left behind: %v", left)
-	}
 }
