@@ -17,6 +17,7 @@ import (
 	"github.com/containerd/containerd/v2/defaults"
 	"github.com/sirupsen/logrus"
 
+	"github.com/cube-runtime/cube/checkpoint/clone"
 	"github.com/cube-runtime/cube/checkpoint/shimclient"
 	"github.com/cube-runtime/cube/checkpoint/snapshots"
 	"github.com/cube-runtime/cube/checkpoint/store"
@@ -57,6 +58,10 @@ type Env struct {
 	Containers func(ctx context.Context, address, ns string) (shimclient.Containers, io.Closer, error)
 	// Dial connects to the shim at address.
 	Dial func(ctx context.Context, address string) (Shim, error)
+	// Maker connects to containerd at address for namespace ns to read and
+	// make containers (restore, fork, the container record of a snapshot);
+	// nil: those commands fail, and snapshots carry no record.
+	Maker func(ctx context.Context, address, ns string) (clone.Maker, io.Closer, error)
 }
 
 // ProcessEnv is the real process's Env.
@@ -71,6 +76,13 @@ func ProcessEnv() Env {
 			return c, c, nil
 		},
 		Dial: func(ctx context.Context, address string) (Shim, error) { return shimclient.Dial(ctx, address) },
+		Maker: func(ctx context.Context, address, ns string) (clone.Maker, io.Closer, error) {
+			c, err := shimclient.Connect(ctx, address, ns)
+			if err != nil {
+				return nil, nil, err
+			}
+			return &clone.Containerd{Client: c.Client, Namespace: ns}, c, nil
+		},
 	}
 }
 
@@ -95,9 +107,15 @@ func (g *globals) defaults(getenv func(string) string) {
 
 // register adds the global flags to fs, their defaults the values so far.
 func (g *globals) register(fs *flag.FlagSet) {
+	g.registerLong(fs)
+	fs.StringVar(&g.namespace, "n", g.namespace, "containerd namespace (short)")
+}
+
+// registerLong adds the global flags without -n (which `cube fork` uses for
+// the number of clones; --namespace, or -n before the command, still work).
+func (g *globals) registerLong(fs *flag.FlagSet) {
 	fs.StringVar(&g.address, "address", g.address, "containerd's socket")
 	fs.StringVar(&g.namespace, "namespace", g.namespace, "containerd namespace")
-	fs.StringVar(&g.namespace, "n", g.namespace, "containerd namespace (short)")
 	fs.StringVar(&g.state, "state", g.state, "containerd's state directory")
 	fs.StringVar(&g.storeRoot, "store-root", g.storeRoot, "the snapshot store's root")
 }
@@ -115,13 +133,17 @@ const usage = `Usage: cube [global flags] COMMAND [ARGS] [flags]
 cube takes whole-VM snapshots of io.cube.v1 containers (memory, vCPUs,
 devices and disks, captured in one short freeze while the processes keep
 running) into Cube's snapshot store, where they outlive the container, and
-manages them.
+manages them; it rolls a container back to one, restores one into a new
+container, and forks a running container into new ones.
 
 Commands:
   snapshot CONTAINER [--name N] [--incremental]
                            snapshot the VM that runs CONTAINER
   rollback CONTAINER SNAPSHOT
                            roll the VM that runs CONTAINER back to SNAPSHOT, in place
+  restore SNAPSHOT NEW_ID  a new container NEW_ID running the VM of SNAPSHOT
+  fork CONTAINER -n N [--all-or-nothing] [--prefix P]
+                           N new containers, each running a copy of CONTAINER's VM
   snapshots ls [--sandbox S]
                            list the snapshots in the store
   snapshots inspect ID|NAME
@@ -156,10 +178,14 @@ func Run(ctx context.Context, args []string, env Env) int {
 		return r.snapshots(ctx, rest)
 	case "rollback":
 		return r.rollback(ctx, rest)
+	case "restore":
+		return r.restore(ctx, rest)
+	case "fork":
+		return r.fork(ctx, rest)
 	case "help":
 		return r.help(rest)
 	}
-	return r.usageError("cube", fmt.Sprintf("unknown command %q (commands: snapshot, rollback, snapshots, help)", cmd))
+	return r.usageError("cube", fmt.Sprintf("unknown command %q (commands: snapshot, rollback, restore, fork, snapshots, help)", cmd))
 }
 
 // runner runs one cube command.
@@ -227,6 +253,10 @@ func (r *runner) help(args []string) int {
 		fmt.Fprint(r.env.Stdout, snapshotsHelp)
 	case "rollback":
 		fmt.Fprint(r.env.Stdout, rollbackHelp)
+	case "restore":
+		fmt.Fprint(r.env.Stdout, restoreHelp)
+	case "fork":
+		fmt.Fprint(r.env.Stdout, forkHelp)
 	case "snapshots ls":
 		fmt.Fprint(r.env.Stdout, lsHelp)
 	case "snapshots inspect":
@@ -250,6 +280,14 @@ func (r *runner) openStore(ctx context.Context) (*store.Store, error) {
 		return nil, fmt.Errorf("open the snapshot store at %s: %w (another root: --store-root DIR or %s)", r.g.storeRoot, err, EnvStoreRoot)
 	}
 	return st, nil
+}
+
+// maker connects to containerd to read and make containers.
+func (r *runner) maker(ctx context.Context) (clone.Maker, io.Closer, error) {
+	if r.env.Maker == nil {
+		return nil, nil, fmt.Errorf("this cube cannot make containers (no containerd client)")
+	}
+	return r.env.Maker(ctx, r.g.address, r.g.namespace)
 }
 
 func (r *runner) locator(ns string) shimclient.Locator {

@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/ttrpc"
 
+	"github.com/cube-runtime/cube/checkpoint/clone"
 	"github.com/cube-runtime/cube/checkpoint/shimclient"
 	"github.com/cube-runtime/cube/checkpoint/store/storetest"
 	"github.com/cube-runtime/cube/hypervisor/control"
@@ -54,6 +55,7 @@ type world struct {
 	env         Env
 	state, root string
 	vmm         *sandboxtest.VMM
+	maker       *fakeMaker
 
 	mu   sync.Mutex
 	last string
@@ -105,7 +107,43 @@ func newWorld(t *testing.T) *world {
 	w.env.Containers = func(ctx context.Context, address, ns string) (shimclient.Containers, io.Closer, error) {
 		return cd, io.NopCloser(nil), nil
 	}
+	w.maker = &fakeMaker{made: map[string]string{}}
+	w.env.Maker = func(ctx context.Context, address, ns string) (clone.Maker, io.Closer, error) {
+		return w.maker, io.NopCloser(nil), nil
+	}
 	return w
+}
+
+// fakeMaker is containerd's side of restore and fork: it records what it
+// would make.
+type fakeMaker struct {
+	mu   sync.Mutex
+	made map[string]string // id -> snapshot dir
+}
+
+func (m *fakeMaker) Record(ctx context.Context, id string) (clone.Record, error) {
+	if id != "c1" {
+		return clone.Record{}, fmt.Errorf("no container %s: %w", id, errdefs.ErrNotFound)
+	}
+	return clone.Record{Version: clone.RecordVersion, Container: id, Namespace: "ns1", Image: "docker.io/x/y:1",
+		Snapshotter: "cube", Runtime: shimclient.RuntimeName, Spec: json.RawMessage(`{"ociVersion":"1.2.0"}`)}, nil
+}
+
+func (m *fakeMaker) Make(ctx context.Context, id string, rec clone.Record, dir string, labels map[string]string) (uint32, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.made[id]; ok {
+		return 0, fmt.Errorf("container %s: %w", id, errdefs.ErrAlreadyExists)
+	}
+	m.made[id] = dir
+	return uint32(os.Getpid()), nil
+}
+
+func (m *fakeMaker) Remove(ctx context.Context, id string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.made, id)
+	return nil
 }
 
 func (w *world) write(ctx context.Context, dir string, incremental bool) (control.SnapshotResult, error) {
@@ -232,5 +270,58 @@ func TestSnapshotBusy(t *testing.T) {
 	close(release)
 	if code := <-done; code != ExitOK {
 		t.Fatalf("first snapshot: exit %d", code)
+	}
+}
+
+// TestRestoreAndFork: `cube snapshot` records the container in the
+// snapshot, `cube restore` makes a container from it (holding the snapshot),
+// `cube fork` makes N and leaves no snapshot behind; usage errors.
+func TestRestoreAndFork(t *testing.T) {
+	w := newWorld(t)
+	id := strings.TrimSpace(func() string { out, _ := w.cube(t, ExitOK, "snapshot", "c1", "--name", "s1", "-q"); return out }())
+	desc := func() Description {
+		out, _ := w.cube(t, ExitOK, "snapshots", "inspect", "s1")
+		var d Description
+		if err := json.Unmarshal([]byte(out), &d); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}()
+	if _, err := clone.ReadRecord(desc.Dir); err != nil {
+		t.Fatalf("the snapshot's container record: %v", err)
+	}
+	out, _ := w.cube(t, ExitOK, "restore", "s1", "r1", "--json")
+	var r restoredJSON
+	if err := json.Unmarshal([]byte(out), &r); err != nil || r.ID != "r1" || r.Snapshot != id || w.maker.made["r1"] != desc.Dir {
+		t.Fatalf("restore: %s %v (made %v)", out, err, w.maker.made)
+	}
+	if _, errOut := w.cube(t, ExitFailure, "snapshots", "rm", "s1"); !strings.Contains(errOut, "sandbox ns1/r1") {
+		t.Errorf("rm of a snapshot a restored VM maps: %s", errOut)
+	}
+	if _, errOut := w.cube(t, ExitFailure, "restore", "nosuch", "r2"); !strings.Contains(errOut, `no snapshot "nosuch"`) {
+		t.Errorf("restore of a missing snapshot: %s", errOut)
+	}
+
+	out, _ = w.cube(t, ExitOK, "fork", "c1", "-n", "2", "--prefix", "k")
+	for _, want := range []string{"k-1 vmm pid", "k-2 vmm pid", "temporary"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("fork output lacks %q:\n%s", want, out)
+		}
+	}
+	if w.maker.made["k-1"] == "" || w.maker.made["k-2"] == "" {
+		t.Errorf("fork made %v", w.maker.made)
+	}
+	if out, _ := w.cube(t, ExitOK, "snapshots", "ls", "-q"); strings.TrimSpace(out) != id {
+		t.Errorf("store after the fork: %q, want only %s", out, id)
+	}
+	// k-1 exists: all or nothing fails on it and removes nothing else.
+	_, errOut := w.cube(t, ExitFailure, "fork", "c1", "-n", "2", "--prefix", "k", "--all-or-nothing")
+	if !strings.Contains(errOut, "all or nothing") {
+		t.Errorf("all-or-nothing fork onto a taken id: %s", errOut)
+	}
+	for _, bad := range [][]string{{"fork", "c1"}, {"fork", "c1", "-n", "101"}, {"fork", "-n", "1"}, {"restore", "s1"}} {
+		if _, errOut := w.cube(t, ExitUsage, bad...); errOut == "" {
+			t.Errorf("cube %v: no usage error", bad)
+		}
 	}
 }

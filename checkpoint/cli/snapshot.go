@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/cube-runtime/cube/checkpoint/clone"
 	"github.com/cube-runtime/cube/checkpoint/shimclient"
 	"github.com/cube-runtime/cube/checkpoint/snapshots"
 )
@@ -100,8 +101,23 @@ func (r *runner) take(ctx context.Context, id string, ns names, incremental bool
 		return snapshots.Taken{}, fmt.Errorf("%w (the shim of container %s is gone? `ctr -n %s task ls`)", err, id, r.g.namespace)
 	}
 	defer sh.Close()
-	return snapshots.Take(ctx, st, sh, snapshots.Options{
+	o := snapshots.Options{
 		Container: id, Sandbox: snapshots.SandboxKey(r.g.namespace, target.Container.Group),
 		Names: ns, Incremental: incremental,
-	})
+	}
+	// The container record (image, snapshotter, runtime, spec) goes into the
+	// snapshot: `cube restore` makes the new container from it.
+	if r.env.Maker != nil {
+		m, mc, err := r.env.Maker(ctx, r.g.address, r.g.namespace)
+		if err != nil {
+			return snapshots.Taken{}, err
+		}
+		defer mc.Close()
+		rec, err := m.Record(ctx, id)
+		if err != nil {
+			return snapshots.Taken{}, fmt.Errorf("snapshot of %s: %w", id, err)
+		}
+		o.Before = func(dir string) error { return clone.WriteRecord(dir, rec) }
+	}
+	return snapshots.Take(ctx, st, sh, o)
 }

@@ -41,6 +41,13 @@ type Options struct {
 	// Incremental writes only the memory dirtied since the VM's last snapshot,
 	// which must be in this store.
 	Incremental bool
+	// Op tags the snapshot with an operation (a fork's temporary snapshot):
+	// the store deletes it if this process dies before KeepOp or DropOp.
+	Op string
+	// Before, when set, runs once the VM snapshot is written into dir and
+	// before the store commits it (a caller adds its own files, e.g. the
+	// container record of checkpoint/clone); its error aborts the snapshot.
+	Before func(dir string) error
 }
 
 // Taken is a snapshot in the store and the shim's figures of it.
@@ -57,7 +64,7 @@ func Take(ctx context.Context, st *store.Store, sh Shim, o Options) (t Taken, er
 			return Taken{}, err
 		}
 	}
-	p, err := st.Begin(ctx, store.BeginOptions{Sandbox: o.Sandbox, Parent: parent, Names: o.Names})
+	p, err := st.Begin(ctx, store.BeginOptions{Sandbox: o.Sandbox, Parent: parent, Names: o.Names, Op: o.Op})
 	if err != nil {
 		return Taken{}, fmt.Errorf("snapshot of %s: %w", o.Container, err)
 	}
@@ -76,6 +83,11 @@ func Take(ctx context.Context, st *store.Store, sh Shim, o Options) (t Taken, er
 		Id: p.ID(), Names: o.Names})
 	if err != nil {
 		return Taken{}, err // the shim's message names the container
+	}
+	if o.Before != nil {
+		if err := o.Before(p.Dir()); err != nil {
+			return Taken{}, fmt.Errorf("snapshot of %s: %w", o.Container, err)
+		}
 	}
 	snap, err := p.Commit(ctx)
 	if err != nil {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"sort"
 
+	"github.com/sirupsen/logrus"
+
 	"github.com/cube-runtime/cube/guest-agent/protocol"
 )
 
@@ -60,4 +62,46 @@ func (p *process) info() *protocol.ProcessInfo {
 		Stdio:    &protocol.Stdio{Stdin: p.wanted[protocol.Stdin], Stdout: p.wanted[protocol.Stdout], Stderr: p.wanted[protocol.Stderr]},
 		Terminal: p.terminal,
 	}
+}
+
+// RenameContainer implements protocol.AgentService: the container and each
+// of its processes answer to new_id from now on (its cgroup keeps its
+// directory). The host calls it after restoring a checkpoint under another
+// containerd id; the guest's processes go on untouched.
+func (s *Service) RenameContainer(ctx context.Context, req *protocol.RenameContainerRequest) (*protocol.Empty, error) {
+	if err := protocol.ValidateID("container", req.ContainerId); err != nil {
+		return nil, errInvalid("%v", err)
+	}
+	if err := protocol.ValidateID("new container", req.NewId); err != nil {
+		return nil, errInvalid("%v", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.containers[req.ContainerId]
+	if !ok {
+		return nil, errNotFound("container %q not found", req.ContainerId)
+	}
+	if req.NewId == req.ContainerId {
+		return &protocol.Empty{}, nil
+	}
+	if _, taken := s.containers[req.NewId]; taken {
+		return nil, toStatus(errAlreadyExists(req.NewId), "rename %q", req.ContainerId)
+	}
+	delete(s.containers, req.ContainerId)
+	c.id = req.NewId
+	s.containers[c.id] = c
+	procs := make([]*process, 0, len(c.execs)+1)
+	if c.init != nil {
+		procs = append(procs, c.init)
+	}
+	for _, p := range c.execs {
+		procs = append(procs, p)
+	}
+	for _, p := range procs {
+		p.mu.Lock()
+		p.containerID = req.NewId
+		p.mu.Unlock()
+	}
+	s.log.WithFields(logrus.Fields{"container": req.ContainerId, "new_id": req.NewId}).Info("renamed")
+	return &protocol.Empty{}, nil
 }

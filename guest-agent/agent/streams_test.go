@@ -282,3 +282,34 @@ func TestListProcesses(t *testing.T) {
 		t.Fatal("an unknown container was listed")
 	}
 }
+
+func TestRenameContainer(t *testing.T) {
+	s := &Service{containers: map[string]*containerEntry{}, log: logrus.StandardLogger()}
+	mk := func(cid, eid string, pid int) *process {
+		return &process{containerID: cid, execID: eid, pid: pid, state: stateRunning,
+			wanted: map[protocol.Stream]bool{}, attached: map[protocol.Stream]*attachment{}}
+	}
+	s.containers["old"] = &containerEntry{id: "old", init: mk("old", "", 10), execs: map[string]*process{"w": mk("old", "w", 11)}}
+	s.containers["other"] = &containerEntry{id: "other", init: mk("other", "", 20), execs: map[string]*process{}}
+	ctx := context.Background()
+	for _, bad := range []*protocol.RenameContainerRequest{
+		{ContainerId: "missing", NewId: "x"}, {ContainerId: "old", NewId: "other"}, {ContainerId: "old", NewId: "-bad"}, {ContainerId: "", NewId: "x"},
+	} {
+		if _, err := s.RenameContainer(ctx, bad); err == nil {
+			t.Errorf("rename %q to %q: no error", bad.ContainerId, bad.NewId)
+		}
+	}
+	if _, err := s.RenameContainer(ctx, &protocol.RenameContainerRequest{ContainerId: "old", NewId: "new"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, p, err := s.lookup("new", "w"); err != nil || p.pid != 11 {
+		t.Fatalf("exec w of the renamed container: %v %v", p, err)
+	}
+	if _, _, err := s.lookup("old", ""); err == nil {
+		t.Error("the old id still answers")
+	}
+	r, err := s.ListProcesses(ctx, &protocol.ListProcessesRequest{ContainerId: "new"})
+	if err != nil || len(r.Processes) != 2 || r.Processes[0].ContainerId != "new" || r.Processes[1].ContainerId != "new" || r.Processes[0].Pid != 10 {
+		t.Fatalf("processes of the renamed container: %v %v", r, err)
+	}
+}

@@ -1341,6 +1341,58 @@ func (x *ListPidsResponse) GetPids() []uint32 {
 	return nil
 }
 
+type RenameContainerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	NewId         string                 `protobuf:"bytes,2,opt,name=new_id,json=newId,proto3" json:"new_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenameContainerRequest) Reset() {
+	*x = RenameContainerRequest{}
+	mi := &file_agent_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenameContainerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenameContainerRequest) ProtoMessage() {}
+
+func (x *RenameContainerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenameContainerRequest.ProtoReflect.Descriptor instead.
+func (*RenameContainerRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *RenameContainerRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *RenameContainerRequest) GetNewId() string {
+	if x != nil {
+		return x.NewId
+	}
+	return ""
+}
+
 type ListProcessesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// container_id, when set, lists only that container's processes.
@@ -1351,7 +1403,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1363,7 +1415,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1376,7 +1428,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListProcessesRequest) GetContainerId() string {
@@ -1396,7 +1448,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1408,7 +1460,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1421,7 +1473,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -1451,7 +1503,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1463,7 +1515,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1476,7 +1528,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ProcessInfo) GetContainerId() string {
@@ -1546,7 +1598,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1558,7 +1610,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1571,7 +1623,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DeleteRequest) GetContainerId() string {
@@ -1605,7 +1657,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1617,7 +1669,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1630,7 +1682,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{28}
+	return file_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DeleteResponse) GetExitStatus() uint32 {
@@ -1656,7 +1708,7 @@ type FreezeRequest struct {
 
 func (x *FreezeRequest) Reset() {
 	*x = FreezeRequest{}
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1668,7 +1720,7 @@ func (x *FreezeRequest) String() string {
 func (*FreezeRequest) ProtoMessage() {}
 
 func (x *FreezeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1681,7 +1733,7 @@ func (x *FreezeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FreezeRequest.ProtoReflect.Descriptor instead.
 func (*FreezeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{29}
+	return file_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *FreezeRequest) GetMountPoints() []string {
@@ -1700,7 +1752,7 @@ type FreezeResponse struct {
 
 func (x *FreezeResponse) Reset() {
 	*x = FreezeResponse{}
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1712,7 +1764,7 @@ func (x *FreezeResponse) String() string {
 func (*FreezeResponse) ProtoMessage() {}
 
 func (x *FreezeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1725,7 +1777,7 @@ func (x *FreezeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FreezeResponse.ProtoReflect.Descriptor instead.
 func (*FreezeResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{30}
+	return file_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *FreezeResponse) GetFrozen() []string {
@@ -1744,7 +1796,7 @@ type ThawRequest struct {
 
 func (x *ThawRequest) Reset() {
 	*x = ThawRequest{}
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1756,7 +1808,7 @@ func (x *ThawRequest) String() string {
 func (*ThawRequest) ProtoMessage() {}
 
 func (x *ThawRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1769,7 +1821,7 @@ func (x *ThawRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ThawRequest.ProtoReflect.Descriptor instead.
 func (*ThawRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{31}
+	return file_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ThawRequest) GetMountPoints() []string {
@@ -1788,7 +1840,7 @@ type SetTimeRequest struct {
 
 func (x *SetTimeRequest) Reset() {
 	*x = SetTimeRequest{}
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1800,7 +1852,7 @@ func (x *SetTimeRequest) String() string {
 func (*SetTimeRequest) ProtoMessage() {}
 
 func (x *SetTimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1813,7 +1865,7 @@ func (x *SetTimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeRequest.ProtoReflect.Descriptor instead.
 func (*SetTimeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{32}
+	return file_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SetTimeRequest) GetUnixNano() int64 {
@@ -1833,7 +1885,7 @@ type ReseedRandomRequest struct {
 
 func (x *ReseedRandomRequest) Reset() {
 	*x = ReseedRandomRequest{}
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1845,7 +1897,7 @@ func (x *ReseedRandomRequest) String() string {
 func (*ReseedRandomRequest) ProtoMessage() {}
 
 func (x *ReseedRandomRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1858,7 +1910,7 @@ func (x *ReseedRandomRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReseedRandomRequest.ProtoReflect.Descriptor instead.
 func (*ReseedRandomRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{33}
+	return file_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ReseedRandomRequest) GetEntropy() []byte {
@@ -1881,7 +1933,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_agent_proto_msgTypes[34]
+	mi := &file_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1893,7 +1945,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[34]
+	mi := &file_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1906,7 +1958,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{34}
+	return file_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ReadFileRequest) GetContainerId() string {
@@ -1949,7 +2001,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_agent_proto_msgTypes[35]
+	mi := &file_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1961,7 +2013,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[35]
+	mi := &file_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1974,7 +2026,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{35}
+	return file_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ReadFileResponse) GetData() []byte {
@@ -2024,7 +2076,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_agent_proto_msgTypes[36]
+	mi := &file_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2036,7 +2088,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[36]
+	mi := &file_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2049,7 +2101,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{36}
+	return file_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *WriteFileRequest) GetContainerId() string {
@@ -2117,7 +2169,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_agent_proto_msgTypes[37]
+	mi := &file_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2129,7 +2181,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[37]
+	mi := &file_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2142,7 +2194,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{37}
+	return file_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *WriteFileResponse) GetSize() int64 {
@@ -2173,7 +2225,7 @@ type FileStat struct {
 
 func (x *FileStat) Reset() {
 	*x = FileStat{}
-	mi := &file_agent_proto_msgTypes[38]
+	mi := &file_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2185,7 +2237,7 @@ func (x *FileStat) String() string {
 func (*FileStat) ProtoMessage() {}
 
 func (x *FileStat) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[38]
+	mi := &file_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2198,7 +2250,7 @@ func (x *FileStat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileStat.ProtoReflect.Descriptor instead.
 func (*FileStat) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{38}
+	return file_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *FileStat) GetName() []byte {
@@ -2267,7 +2319,7 @@ type StatFileRequest struct {
 
 func (x *StatFileRequest) Reset() {
 	*x = StatFileRequest{}
-	mi := &file_agent_proto_msgTypes[39]
+	mi := &file_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2279,7 +2331,7 @@ func (x *StatFileRequest) String() string {
 func (*StatFileRequest) ProtoMessage() {}
 
 func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[39]
+	mi := &file_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2292,7 +2344,7 @@ func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFileRequest.ProtoReflect.Descriptor instead.
 func (*StatFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{39}
+	return file_agent_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *StatFileRequest) GetContainerId() string {
@@ -2318,7 +2370,7 @@ type StatFileResponse struct {
 
 func (x *StatFileResponse) Reset() {
 	*x = StatFileResponse{}
-	mi := &file_agent_proto_msgTypes[40]
+	mi := &file_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2330,7 +2382,7 @@ func (x *StatFileResponse) String() string {
 func (*StatFileResponse) ProtoMessage() {}
 
 func (x *StatFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[40]
+	mi := &file_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2343,7 +2395,7 @@ func (x *StatFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFileResponse.ProtoReflect.Descriptor instead.
 func (*StatFileResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{40}
+	return file_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *StatFileResponse) GetStat() *FileStat {
@@ -2367,7 +2419,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_agent_proto_msgTypes[41]
+	mi := &file_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2379,7 +2431,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[41]
+	mi := &file_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2392,7 +2444,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{41}
+	return file_agent_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListDirRequest) GetContainerId() string {
@@ -2434,7 +2486,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_agent_proto_msgTypes[42]
+	mi := &file_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2446,7 +2498,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[42]
+	mi := &file_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2459,7 +2511,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{42}
+	return file_agent_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileStat {
@@ -2487,7 +2539,7 @@ type RemoveFileRequest struct {
 
 func (x *RemoveFileRequest) Reset() {
 	*x = RemoveFileRequest{}
-	mi := &file_agent_proto_msgTypes[43]
+	mi := &file_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2499,7 +2551,7 @@ func (x *RemoveFileRequest) String() string {
 func (*RemoveFileRequest) ProtoMessage() {}
 
 func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[43]
+	mi := &file_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2512,7 +2564,7 @@ func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveFileRequest.ProtoReflect.Descriptor instead.
 func (*RemoveFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{43}
+	return file_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *RemoveFileRequest) GetContainerId() string {
@@ -2548,7 +2600,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_agent_proto_msgTypes[44]
+	mi := &file_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2560,7 +2612,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[44]
+	mi := &file_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2573,7 +2625,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{44}
+	return file_agent_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *MakeDirRequest) GetContainerId() string {
@@ -2607,7 +2659,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_agent_proto_msgTypes[45]
+	mi := &file_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2619,7 +2671,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[45]
+	mi := &file_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2632,7 +2684,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{45}
+	return file_agent_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *MakeDirResponse) GetCreated() bool {
@@ -2650,7 +2702,7 @@ type PowerOffRequest struct {
 
 func (x *PowerOffRequest) Reset() {
 	*x = PowerOffRequest{}
-	mi := &file_agent_proto_msgTypes[46]
+	mi := &file_agent_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2662,7 +2714,7 @@ func (x *PowerOffRequest) String() string {
 func (*PowerOffRequest) ProtoMessage() {}
 
 func (x *PowerOffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[46]
+	mi := &file_agent_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2675,7 +2727,7 @@ func (x *PowerOffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerOffRequest.ProtoReflect.Descriptor instead.
 func (*PowerOffRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{46}
+	return file_agent_proto_rawDescGZIP(), []int{47}
 }
 
 // ConfigureNetworkRequest is the guest's whole network configuration.
@@ -2690,7 +2742,7 @@ type ConfigureNetworkRequest struct {
 
 func (x *ConfigureNetworkRequest) Reset() {
 	*x = ConfigureNetworkRequest{}
-	mi := &file_agent_proto_msgTypes[47]
+	mi := &file_agent_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2702,7 +2754,7 @@ func (x *ConfigureNetworkRequest) String() string {
 func (*ConfigureNetworkRequest) ProtoMessage() {}
 
 func (x *ConfigureNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[47]
+	mi := &file_agent_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2715,7 +2767,7 @@ func (x *ConfigureNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureNetworkRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{47}
+	return file_agent_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ConfigureNetworkRequest) GetInterfaces() []*NetInterface {
@@ -2758,7 +2810,7 @@ type NetInterface struct {
 
 func (x *NetInterface) Reset() {
 	*x = NetInterface{}
-	mi := &file_agent_proto_msgTypes[48]
+	mi := &file_agent_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2770,7 +2822,7 @@ func (x *NetInterface) String() string {
 func (*NetInterface) ProtoMessage() {}
 
 func (x *NetInterface) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[48]
+	mi := &file_agent_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2783,7 +2835,7 @@ func (x *NetInterface) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetInterface.ProtoReflect.Descriptor instead.
 func (*NetInterface) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{48}
+	return file_agent_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *NetInterface) GetMac() string {
@@ -2841,7 +2893,7 @@ type NetRoute struct {
 
 func (x *NetRoute) Reset() {
 	*x = NetRoute{}
-	mi := &file_agent_proto_msgTypes[49]
+	mi := &file_agent_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2853,7 +2905,7 @@ func (x *NetRoute) String() string {
 func (*NetRoute) ProtoMessage() {}
 
 func (x *NetRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[49]
+	mi := &file_agent_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2866,7 +2918,7 @@ func (x *NetRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetRoute.ProtoReflect.Descriptor instead.
 func (*NetRoute) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{49}
+	return file_agent_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *NetRoute) GetDestination() string {
@@ -2895,7 +2947,7 @@ type DNSConfig struct {
 
 func (x *DNSConfig) Reset() {
 	*x = DNSConfig{}
-	mi := &file_agent_proto_msgTypes[50]
+	mi := &file_agent_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2907,7 +2959,7 @@ func (x *DNSConfig) String() string {
 func (*DNSConfig) ProtoMessage() {}
 
 func (x *DNSConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[50]
+	mi := &file_agent_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2920,7 +2972,7 @@ func (x *DNSConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DNSConfig.ProtoReflect.Descriptor instead.
 func (*DNSConfig) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{50}
+	return file_agent_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *DNSConfig) GetNameservers() []string {
@@ -2954,7 +3006,7 @@ type ConfigureNetworkResponse struct {
 
 func (x *ConfigureNetworkResponse) Reset() {
 	*x = ConfigureNetworkResponse{}
-	mi := &file_agent_proto_msgTypes[51]
+	mi := &file_agent_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2966,7 +3018,7 @@ func (x *ConfigureNetworkResponse) String() string {
 func (*ConfigureNetworkResponse) ProtoMessage() {}
 
 func (x *ConfigureNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[51]
+	mi := &file_agent_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2979,7 +3031,7 @@ func (x *ConfigureNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureNetworkResponse.ProtoReflect.Descriptor instead.
 func (*ConfigureNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{51}
+	return file_agent_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ConfigureNetworkResponse) GetInterfaces() []string {
@@ -3077,7 +3129,10 @@ const file_agent_proto_rawDesc = "" +
 	"\x0fListPidsRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\"&\n" +
 	"\x10ListPidsResponse\x12\x12\n" +
-	"\x04pids\x18\x01 \x03(\rR\x04pids\"9\n" +
+	"\x04pids\x18\x01 \x03(\rR\x04pids\"R\n" +
+	"\x16RenameContainerRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x15\n" +
+	"\x06new_id\x18\x02 \x01(\tR\x05newId\"9\n" +
 	"\x14ListProcessesRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\"Q\n" +
 	"\x15ListProcessesResponse\x128\n" +
@@ -3187,7 +3242,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x18ConfigureNetworkResponse\x12\x1e\n" +
 	"\n" +
 	"interfaces\x18\x01 \x03(\tR\n" +
-	"interfaces2\xb4\x10\n" +
+	"interfaces2\x84\x11\n" +
 	"\x05Agent\x12H\n" +
 	"\aVersion\x12\x1d.cube.agent.v1.VersionRequest\x1a\x1e.cube.agent.v1.VersionResponse\x12E\n" +
 	"\x06Health\x12\x1c.cube.agent.v1.HealthRequest\x1a\x1d.cube.agent.v1.HealthResponse\x12N\n" +
@@ -3203,7 +3258,8 @@ const file_agent_proto_rawDesc = "" +
 	"CloseStdin\x12 .cube.agent.v1.CloseStdinRequest\x1a\x14.cube.agent.v1.Empty\x12B\n" +
 	"\tResizePty\x12\x1f.cube.agent.v1.ResizePtyRequest\x1a\x14.cube.agent.v1.Empty\x12K\n" +
 	"\bListPids\x12\x1e.cube.agent.v1.ListPidsRequest\x1a\x1f.cube.agent.v1.ListPidsResponse\x12Z\n" +
-	"\rListProcesses\x12#.cube.agent.v1.ListProcessesRequest\x1a$.cube.agent.v1.ListProcessesResponse\x12E\n" +
+	"\rListProcesses\x12#.cube.agent.v1.ListProcessesRequest\x1a$.cube.agent.v1.ListProcessesResponse\x12N\n" +
+	"\x0fRenameContainer\x12%.cube.agent.v1.RenameContainerRequest\x1a\x14.cube.agent.v1.Empty\x12E\n" +
 	"\x06Delete\x12\x1c.cube.agent.v1.DeleteRequest\x1a\x1d.cube.agent.v1.DeleteResponse\x12=\n" +
 	"\x0fSyncFilesystems\x12\x14.cube.agent.v1.Empty\x1a\x14.cube.agent.v1.Empty\x12P\n" +
 	"\x11FreezeFilesystems\x12\x1c.cube.agent.v1.FreezeRequest\x1a\x1d.cube.agent.v1.FreezeResponse\x12C\n" +
@@ -3232,7 +3288,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_agent_proto_goTypes = []any{
 	(*Empty)(nil),                    // 0: cube.agent.v1.Empty
 	(*VersionRequest)(nil),           // 1: cube.agent.v1.VersionRequest
@@ -3258,45 +3314,46 @@ var file_agent_proto_goTypes = []any{
 	(*ResizePtyRequest)(nil),         // 21: cube.agent.v1.ResizePtyRequest
 	(*ListPidsRequest)(nil),          // 22: cube.agent.v1.ListPidsRequest
 	(*ListPidsResponse)(nil),         // 23: cube.agent.v1.ListPidsResponse
-	(*ListProcessesRequest)(nil),     // 24: cube.agent.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil),    // 25: cube.agent.v1.ListProcessesResponse
-	(*ProcessInfo)(nil),              // 26: cube.agent.v1.ProcessInfo
-	(*DeleteRequest)(nil),            // 27: cube.agent.v1.DeleteRequest
-	(*DeleteResponse)(nil),           // 28: cube.agent.v1.DeleteResponse
-	(*FreezeRequest)(nil),            // 29: cube.agent.v1.FreezeRequest
-	(*FreezeResponse)(nil),           // 30: cube.agent.v1.FreezeResponse
-	(*ThawRequest)(nil),              // 31: cube.agent.v1.ThawRequest
-	(*SetTimeRequest)(nil),           // 32: cube.agent.v1.SetTimeRequest
-	(*ReseedRandomRequest)(nil),      // 33: cube.agent.v1.ReseedRandomRequest
-	(*ReadFileRequest)(nil),          // 34: cube.agent.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),         // 35: cube.agent.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),         // 36: cube.agent.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),        // 37: cube.agent.v1.WriteFileResponse
-	(*FileStat)(nil),                 // 38: cube.agent.v1.FileStat
-	(*StatFileRequest)(nil),          // 39: cube.agent.v1.StatFileRequest
-	(*StatFileResponse)(nil),         // 40: cube.agent.v1.StatFileResponse
-	(*ListDirRequest)(nil),           // 41: cube.agent.v1.ListDirRequest
-	(*ListDirResponse)(nil),          // 42: cube.agent.v1.ListDirResponse
-	(*RemoveFileRequest)(nil),        // 43: cube.agent.v1.RemoveFileRequest
-	(*MakeDirRequest)(nil),           // 44: cube.agent.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),          // 45: cube.agent.v1.MakeDirResponse
-	(*PowerOffRequest)(nil),          // 46: cube.agent.v1.PowerOffRequest
-	(*ConfigureNetworkRequest)(nil),  // 47: cube.agent.v1.ConfigureNetworkRequest
-	(*NetInterface)(nil),             // 48: cube.agent.v1.NetInterface
-	(*NetRoute)(nil),                 // 49: cube.agent.v1.NetRoute
-	(*DNSConfig)(nil),                // 50: cube.agent.v1.DNSConfig
-	(*ConfigureNetworkResponse)(nil), // 51: cube.agent.v1.ConfigureNetworkResponse
+	(*RenameContainerRequest)(nil),   // 24: cube.agent.v1.RenameContainerRequest
+	(*ListProcessesRequest)(nil),     // 25: cube.agent.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),    // 26: cube.agent.v1.ListProcessesResponse
+	(*ProcessInfo)(nil),              // 27: cube.agent.v1.ProcessInfo
+	(*DeleteRequest)(nil),            // 28: cube.agent.v1.DeleteRequest
+	(*DeleteResponse)(nil),           // 29: cube.agent.v1.DeleteResponse
+	(*FreezeRequest)(nil),            // 30: cube.agent.v1.FreezeRequest
+	(*FreezeResponse)(nil),           // 31: cube.agent.v1.FreezeResponse
+	(*ThawRequest)(nil),              // 32: cube.agent.v1.ThawRequest
+	(*SetTimeRequest)(nil),           // 33: cube.agent.v1.SetTimeRequest
+	(*ReseedRandomRequest)(nil),      // 34: cube.agent.v1.ReseedRandomRequest
+	(*ReadFileRequest)(nil),          // 35: cube.agent.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),         // 36: cube.agent.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),         // 37: cube.agent.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),        // 38: cube.agent.v1.WriteFileResponse
+	(*FileStat)(nil),                 // 39: cube.agent.v1.FileStat
+	(*StatFileRequest)(nil),          // 40: cube.agent.v1.StatFileRequest
+	(*StatFileResponse)(nil),         // 41: cube.agent.v1.StatFileResponse
+	(*ListDirRequest)(nil),           // 42: cube.agent.v1.ListDirRequest
+	(*ListDirResponse)(nil),          // 43: cube.agent.v1.ListDirResponse
+	(*RemoveFileRequest)(nil),        // 44: cube.agent.v1.RemoveFileRequest
+	(*MakeDirRequest)(nil),           // 45: cube.agent.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),          // 46: cube.agent.v1.MakeDirResponse
+	(*PowerOffRequest)(nil),          // 47: cube.agent.v1.PowerOffRequest
+	(*ConfigureNetworkRequest)(nil),  // 48: cube.agent.v1.ConfigureNetworkRequest
+	(*NetInterface)(nil),             // 49: cube.agent.v1.NetInterface
+	(*NetRoute)(nil),                 // 50: cube.agent.v1.NetRoute
+	(*DNSConfig)(nil),                // 51: cube.agent.v1.DNSConfig
+	(*ConfigureNetworkResponse)(nil), // 52: cube.agent.v1.ConfigureNetworkResponse
 }
 var file_agent_proto_depIdxs = []int32{
 	8,  // 0: cube.agent.v1.CreateContainerRequest.stdio:type_name -> cube.agent.v1.Stdio
 	8,  // 1: cube.agent.v1.ExecProcessRequest.stdio:type_name -> cube.agent.v1.Stdio
-	26, // 2: cube.agent.v1.ListProcessesResponse.processes:type_name -> cube.agent.v1.ProcessInfo
+	27, // 2: cube.agent.v1.ListProcessesResponse.processes:type_name -> cube.agent.v1.ProcessInfo
 	8,  // 3: cube.agent.v1.ProcessInfo.stdio:type_name -> cube.agent.v1.Stdio
-	38, // 4: cube.agent.v1.StatFileResponse.stat:type_name -> cube.agent.v1.FileStat
-	38, // 5: cube.agent.v1.ListDirResponse.entries:type_name -> cube.agent.v1.FileStat
-	48, // 6: cube.agent.v1.ConfigureNetworkRequest.interfaces:type_name -> cube.agent.v1.NetInterface
-	50, // 7: cube.agent.v1.ConfigureNetworkRequest.dns:type_name -> cube.agent.v1.DNSConfig
-	49, // 8: cube.agent.v1.NetInterface.routes:type_name -> cube.agent.v1.NetRoute
+	39, // 4: cube.agent.v1.StatFileResponse.stat:type_name -> cube.agent.v1.FileStat
+	39, // 5: cube.agent.v1.ListDirResponse.entries:type_name -> cube.agent.v1.FileStat
+	49, // 6: cube.agent.v1.ConfigureNetworkRequest.interfaces:type_name -> cube.agent.v1.NetInterface
+	51, // 7: cube.agent.v1.ConfigureNetworkRequest.dns:type_name -> cube.agent.v1.DNSConfig
+	50, // 8: cube.agent.v1.NetInterface.routes:type_name -> cube.agent.v1.NetRoute
 	1,  // 9: cube.agent.v1.Agent.Version:input_type -> cube.agent.v1.VersionRequest
 	3,  // 10: cube.agent.v1.Agent.Health:input_type -> cube.agent.v1.HealthRequest
 	5,  // 11: cube.agent.v1.Agent.MountDisk:input_type -> cube.agent.v1.MountDiskRequest
@@ -3310,51 +3367,53 @@ var file_agent_proto_depIdxs = []int32{
 	20, // 19: cube.agent.v1.Agent.CloseStdin:input_type -> cube.agent.v1.CloseStdinRequest
 	21, // 20: cube.agent.v1.Agent.ResizePty:input_type -> cube.agent.v1.ResizePtyRequest
 	22, // 21: cube.agent.v1.Agent.ListPids:input_type -> cube.agent.v1.ListPidsRequest
-	24, // 22: cube.agent.v1.Agent.ListProcesses:input_type -> cube.agent.v1.ListProcessesRequest
-	27, // 23: cube.agent.v1.Agent.Delete:input_type -> cube.agent.v1.DeleteRequest
-	0,  // 24: cube.agent.v1.Agent.SyncFilesystems:input_type -> cube.agent.v1.Empty
-	29, // 25: cube.agent.v1.Agent.FreezeFilesystems:input_type -> cube.agent.v1.FreezeRequest
-	31, // 26: cube.agent.v1.Agent.ThawFilesystems:input_type -> cube.agent.v1.ThawRequest
-	32, // 27: cube.agent.v1.Agent.SetTime:input_type -> cube.agent.v1.SetTimeRequest
-	33, // 28: cube.agent.v1.Agent.ReseedRandom:input_type -> cube.agent.v1.ReseedRandomRequest
-	34, // 29: cube.agent.v1.Agent.ReadFile:input_type -> cube.agent.v1.ReadFileRequest
-	36, // 30: cube.agent.v1.Agent.WriteFile:input_type -> cube.agent.v1.WriteFileRequest
-	39, // 31: cube.agent.v1.Agent.StatFile:input_type -> cube.agent.v1.StatFileRequest
-	41, // 32: cube.agent.v1.Agent.ListDir:input_type -> cube.agent.v1.ListDirRequest
-	43, // 33: cube.agent.v1.Agent.RemoveFile:input_type -> cube.agent.v1.RemoveFileRequest
-	44, // 34: cube.agent.v1.Agent.MakeDir:input_type -> cube.agent.v1.MakeDirRequest
-	46, // 35: cube.agent.v1.Agent.PowerOff:input_type -> cube.agent.v1.PowerOffRequest
-	47, // 36: cube.agent.v1.Agent.ConfigureNetwork:input_type -> cube.agent.v1.ConfigureNetworkRequest
-	2,  // 37: cube.agent.v1.Agent.Version:output_type -> cube.agent.v1.VersionResponse
-	4,  // 38: cube.agent.v1.Agent.Health:output_type -> cube.agent.v1.HealthResponse
-	6,  // 39: cube.agent.v1.Agent.MountDisk:output_type -> cube.agent.v1.MountDiskResponse
-	0,  // 40: cube.agent.v1.Agent.UnmountDisk:output_type -> cube.agent.v1.Empty
-	10, // 41: cube.agent.v1.Agent.CreateContainer:output_type -> cube.agent.v1.CreateContainerResponse
-	12, // 42: cube.agent.v1.Agent.ExecProcess:output_type -> cube.agent.v1.ExecProcessResponse
-	14, // 43: cube.agent.v1.Agent.Start:output_type -> cube.agent.v1.StartResponse
-	0,  // 44: cube.agent.v1.Agent.Signal:output_type -> cube.agent.v1.Empty
-	17, // 45: cube.agent.v1.Agent.Wait:output_type -> cube.agent.v1.WaitResponse
-	19, // 46: cube.agent.v1.Agent.State:output_type -> cube.agent.v1.StateResponse
-	0,  // 47: cube.agent.v1.Agent.CloseStdin:output_type -> cube.agent.v1.Empty
-	0,  // 48: cube.agent.v1.Agent.ResizePty:output_type -> cube.agent.v1.Empty
-	23, // 49: cube.agent.v1.Agent.ListPids:output_type -> cube.agent.v1.ListPidsResponse
-	25, // 50: cube.agent.v1.Agent.ListProcesses:output_type -> cube.agent.v1.ListProcessesResponse
-	28, // 51: cube.agent.v1.Agent.Delete:output_type -> cube.agent.v1.DeleteResponse
-	0,  // 52: cube.agent.v1.Agent.SyncFilesystems:output_type -> cube.agent.v1.Empty
-	30, // 53: cube.agent.v1.Agent.FreezeFilesystems:output_type -> cube.agent.v1.FreezeResponse
-	0,  // 54: cube.agent.v1.Agent.ThawFilesystems:output_type -> cube.agent.v1.Empty
-	0,  // 55: cube.agent.v1.Agent.SetTime:output_type -> cube.agent.v1.Empty
-	0,  // 56: cube.agent.v1.Agent.ReseedRandom:output_type -> cube.agent.v1.Empty
-	35, // 57: cube.agent.v1.Agent.ReadFile:output_type -> cube.agent.v1.ReadFileResponse
-	37, // 58: cube.agent.v1.Agent.WriteFile:output_type -> cube.agent.v1.WriteFileResponse
-	40, // 59: cube.agent.v1.Agent.StatFile:output_type -> cube.agent.v1.StatFileResponse
-	42, // 60: cube.agent.v1.Agent.ListDir:output_type -> cube.agent.v1.ListDirResponse
-	0,  // 61: cube.agent.v1.Agent.RemoveFile:output_type -> cube.agent.v1.Empty
-	45, // 62: cube.agent.v1.Agent.MakeDir:output_type -> cube.agent.v1.MakeDirResponse
-	0,  // 63: cube.agent.v1.Agent.PowerOff:output_type -> cube.agent.v1.Empty
-	51, // 64: cube.agent.v1.Agent.ConfigureNetwork:output_type -> cube.agent.v1.ConfigureNetworkResponse
-	37, // [37:65] is the sub-list for method output_type
-	9,  // [9:37] is the sub-list for method input_type
+	25, // 22: cube.agent.v1.Agent.ListProcesses:input_type -> cube.agent.v1.ListProcessesRequest
+	24, // 23: cube.agent.v1.Agent.RenameContainer:input_type -> cube.agent.v1.RenameContainerRequest
+	28, // 24: cube.agent.v1.Agent.Delete:input_type -> cube.agent.v1.DeleteRequest
+	0,  // 25: cube.agent.v1.Agent.SyncFilesystems:input_type -> cube.agent.v1.Empty
+	30, // 26: cube.agent.v1.Agent.FreezeFilesystems:input_type -> cube.agent.v1.FreezeRequest
+	32, // 27: cube.agent.v1.Agent.ThawFilesystems:input_type -> cube.agent.v1.ThawRequest
+	33, // 28: cube.agent.v1.Agent.SetTime:input_type -> cube.agent.v1.SetTimeRequest
+	34, // 29: cube.agent.v1.Agent.ReseedRandom:input_type -> cube.agent.v1.ReseedRandomRequest
+	35, // 30: cube.agent.v1.Agent.ReadFile:input_type -> cube.agent.v1.ReadFileRequest
+	37, // 31: cube.agent.v1.Agent.WriteFile:input_type -> cube.agent.v1.WriteFileRequest
+	40, // 32: cube.agent.v1.Agent.StatFile:input_type -> cube.agent.v1.StatFileRequest
+	42, // 33: cube.agent.v1.Agent.ListDir:input_type -> cube.agent.v1.ListDirRequest
+	44, // 34: cube.agent.v1.Agent.RemoveFile:input_type -> cube.agent.v1.RemoveFileRequest
+	45, // 35: cube.agent.v1.Agent.MakeDir:input_type -> cube.agent.v1.MakeDirRequest
+	47, // 36: cube.agent.v1.Agent.PowerOff:input_type -> cube.agent.v1.PowerOffRequest
+	48, // 37: cube.agent.v1.Agent.ConfigureNetwork:input_type -> cube.agent.v1.ConfigureNetworkRequest
+	2,  // 38: cube.agent.v1.Agent.Version:output_type -> cube.agent.v1.VersionResponse
+	4,  // 39: cube.agent.v1.Agent.Health:output_type -> cube.agent.v1.HealthResponse
+	6,  // 40: cube.agent.v1.Agent.MountDisk:output_type -> cube.agent.v1.MountDiskResponse
+	0,  // 41: cube.agent.v1.Agent.UnmountDisk:output_type -> cube.agent.v1.Empty
+	10, // 42: cube.agent.v1.Agent.CreateContainer:output_type -> cube.agent.v1.CreateContainerResponse
+	12, // 43: cube.agent.v1.Agent.ExecProcess:output_type -> cube.agent.v1.ExecProcessResponse
+	14, // 44: cube.agent.v1.Agent.Start:output_type -> cube.agent.v1.StartResponse
+	0,  // 45: cube.agent.v1.Agent.Signal:output_type -> cube.agent.v1.Empty
+	17, // 46: cube.agent.v1.Agent.Wait:output_type -> cube.agent.v1.WaitResponse
+	19, // 47: cube.agent.v1.Agent.State:output_type -> cube.agent.v1.StateResponse
+	0,  // 48: cube.agent.v1.Agent.CloseStdin:output_type -> cube.agent.v1.Empty
+	0,  // 49: cube.agent.v1.Agent.ResizePty:output_type -> cube.agent.v1.Empty
+	23, // 50: cube.agent.v1.Agent.ListPids:output_type -> cube.agent.v1.ListPidsResponse
+	26, // 51: cube.agent.v1.Agent.ListProcesses:output_type -> cube.agent.v1.ListProcessesResponse
+	0,  // 52: cube.agent.v1.Agent.RenameContainer:output_type -> cube.agent.v1.Empty
+	29, // 53: cube.agent.v1.Agent.Delete:output_type -> cube.agent.v1.DeleteResponse
+	0,  // 54: cube.agent.v1.Agent.SyncFilesystems:output_type -> cube.agent.v1.Empty
+	31, // 55: cube.agent.v1.Agent.FreezeFilesystems:output_type -> cube.agent.v1.FreezeResponse
+	0,  // 56: cube.agent.v1.Agent.ThawFilesystems:output_type -> cube.agent.v1.Empty
+	0,  // 57: cube.agent.v1.Agent.SetTime:output_type -> cube.agent.v1.Empty
+	0,  // 58: cube.agent.v1.Agent.ReseedRandom:output_type -> cube.agent.v1.Empty
+	36, // 59: cube.agent.v1.Agent.ReadFile:output_type -> cube.agent.v1.ReadFileResponse
+	38, // 60: cube.agent.v1.Agent.WriteFile:output_type -> cube.agent.v1.WriteFileResponse
+	41, // 61: cube.agent.v1.Agent.StatFile:output_type -> cube.agent.v1.StatFileResponse
+	43, // 62: cube.agent.v1.Agent.ListDir:output_type -> cube.agent.v1.ListDirResponse
+	0,  // 63: cube.agent.v1.Agent.RemoveFile:output_type -> cube.agent.v1.Empty
+	46, // 64: cube.agent.v1.Agent.MakeDir:output_type -> cube.agent.v1.MakeDirResponse
+	0,  // 65: cube.agent.v1.Agent.PowerOff:output_type -> cube.agent.v1.Empty
+	52, // 66: cube.agent.v1.Agent.ConfigureNetwork:output_type -> cube.agent.v1.ConfigureNetworkResponse
+	38, // [38:67] is the sub-list for method output_type
+	9,  // [9:38] is the sub-list for method input_type
 	9,  // [9:9] is the sub-list for extension type_name
 	9,  // [9:9] is the sub-list for extension extendee
 	0,  // [0:9] is the sub-list for field type_name
@@ -3371,7 +3430,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   52,
+			NumMessages:   53,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -22,6 +22,7 @@ type AgentService interface {
 	ResizePty(context.Context, *ResizePtyRequest) (*Empty, error)
 	ListPids(context.Context, *ListPidsRequest) (*ListPidsResponse, error)
 	ListProcesses(context.Context, *ListProcessesRequest) (*ListProcessesResponse, error)
+	RenameContainer(context.Context, *RenameContainerRequest) (*Empty, error)
 	Delete(context.Context, *DeleteRequest) (*DeleteResponse, error)
 	SyncFilesystems(context.Context, *Empty) (*Empty, error)
 	FreezeFilesystems(context.Context, *FreezeRequest) (*FreezeResponse, error)
@@ -138,6 +139,13 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.ListProcesses(ctx, &req)
+			},
+			"RenameContainer": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req RenameContainerRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.RenameContainer(ctx, &req)
 			},
 			"Delete": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req DeleteRequest
@@ -358,6 +366,14 @@ func (c *agentClient) ListPids(ctx context.Context, req *ListPidsRequest) (*List
 func (c *agentClient) ListProcesses(ctx context.Context, req *ListProcessesRequest) (*ListProcessesResponse, error) {
 	var resp ListProcessesResponse
 	if err := c.client.Call(ctx, "cube.agent.v1.Agent", "ListProcesses", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) RenameContainer(ctx context.Context, req *RenameContainerRequest) (*Empty, error) {
+	var resp Empty
+	if err := c.client.Call(ctx, "cube.agent.v1.Agent", "RenameContainer", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

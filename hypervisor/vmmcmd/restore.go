@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -47,6 +48,29 @@ Flags (default: what the snapshotted VMM had):
 type restoreFlags struct {
 	control, vsock, console, logLevel, diskDir, kvm string
 	nets                                            netFlags
+	// diskPaths are working-copy paths by disk serial (-disk-path), over
+	// -disk-dir and the recorded paths.
+	diskPaths diskPathFlags
+}
+
+// diskPathFlags is the repeatable -disk-path SERIAL=PATH.
+type diskPathFlags map[string]string
+
+func (d *diskPathFlags) String() string { return fmt.Sprint(map[string]string(*d)) }
+
+func (d *diskPathFlags) Set(v string) error {
+	serial, path, ok := strings.Cut(v, "=")
+	if !ok || serial == "" || !filepath.IsAbs(path) || filepath.Clean(path) != path {
+		return fmt.Errorf("-disk-path %q: want SERIAL=/absolute/clean/path", v)
+	}
+	if *d == nil {
+		*d = diskPathFlags{}
+	}
+	if _, dup := (*d)[serial]; dup {
+		return fmt.Errorf("-disk-path: serial %q given twice", serial)
+	}
+	(*d)[serial] = path
+	return nil
 }
 
 // usageError marks a restore error as the caller's (exit 2).
@@ -159,7 +183,7 @@ func (r *restored) prepare(snap *snapshot.Snapshot, f restoreFlags, stdout io.Wr
 		return cfg, nil, usageError{err}
 	}
 	r.closers = append(r.closers, closeConsole)
-	if err := r.copyDisks(snap, &cfg, f.diskDir); err != nil {
+	if err := r.copyDisks(snap, &cfg, f.diskDir, f.diskPaths); err != nil {
 		return cfg, nil, err
 	}
 	return cfg, console, nil
@@ -209,7 +233,16 @@ func restoreConfig(snap *snapshot.Snapshot, f restoreFlags) (Config, error) {
 // copyDisks makes the working copies of the writable disks (the snapshot's
 // own copies are never written) at their recorded paths, or in diskDir, and
 // points cfg's disks at them; read-only disks must be where they were.
-func (r *restored) copyDisks(snap *snapshot.Snapshot, cfg *Config, diskDir string) error {
+func (r *restored) copyDisks(snap *snapshot.Snapshot, cfg *Config, diskDir string, paths diskPathFlags) error {
+	used := 0
+	for i := range cfg.Disks {
+		if _, ok := paths[cfg.Disks[i].Serial]; ok && !snap.Manifest.Shape.Disks[i].ReadOnly {
+			used++
+		}
+	}
+	if used != len(paths) {
+		return usageError{fmt.Errorf("-disk-path names %d serials, the snapshot has %d writable disks with them", len(paths), used)}
+	}
 	for i := range cfg.Disks {
 		d, md := &cfg.Disks[i], snap.Manifest.Shape.Disks[i]
 		if md.ReadOnly {
@@ -218,7 +251,9 @@ func (r *restored) copyDisks(snap *snapshot.Snapshot, cfg *Config, diskDir strin
 			}
 			continue
 		}
-		if diskDir != "" {
+		if p, ok := paths[d.Serial]; ok {
+			d.Path = p // replaces what is there (CloneFile renames over it)
+		} else if diskDir != "" {
 			d.Path = filepath.Join(diskDir, filepath.Base(d.Path))
 		}
 		if _, err := snapshot.CloneFile(d.Path, snap.Path(md.File)); err != nil {
@@ -243,6 +278,7 @@ func runRestore(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.console, "console", "", "serial console output: stdout, none, or a file `path`")
 	fs.StringVar(&f.logLevel, "log-level", "", "log level")
 	fs.StringVar(&f.diskDir, "disk-dir", "", "put working copies of writable disks in this `dir` (default: their recorded paths)")
+	fs.Var(&f.diskPaths, "disk-path", "put the working copy of the writable disk with serial S at `S=PATH` (repeatable; replaces a file there)")
 	fs.StringVar(&f.kvm, "kvm", "", "KVM device `path`")
 	fs.Var(&f.nets, "net", "virtio-net device `tap=NAME|fd=N` in place of the snapshot's (repeatable, one per device in order; a mac= must be the snapshot's)")
 	paused := fs.Bool("paused", false, "start with the vCPUs paused (resume through the control socket)")

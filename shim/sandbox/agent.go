@@ -101,6 +101,9 @@ type AgentClient interface {
 	ReattachStream(ctx context.Context, containerID, execID string, s Stream) (net.Conn, error)
 	// ListProcesses lists every process the agent holds (until Delete).
 	ListProcesses(ctx context.Context) ([]GuestProcess, error)
+	// RenameContainer gives a guest container (its init and execs) a new id:
+	// a VM restored from a checkpoint under another containerd id.
+	RenameContainer(ctx context.Context, containerID, newID string) error
 	Close() error
 }
 

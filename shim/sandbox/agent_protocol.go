@@ -222,6 +222,11 @@ func (a *protocolAgent) ListProcesses(ctx context.Context) ([]GuestProcess, erro
 	return out, nil
 }
 
+func (a *protocolAgent) RenameContainer(ctx context.Context, cid, newID string) error {
+	_, err := a.c.RenameContainer(ctx, &protocol.RenameContainerRequest{ContainerId: cid, NewId: newID})
+	return err
+}
+
 func (a *protocolAgent) OpenStream(ctx context.Context, cid, eid string, s Stream) (net.Conn, error) {
 	return a.openStream(ctx, protocol.StreamHeader{ContainerID: cid, ExecID: eid, Stream: protocol.Stream(s)})
 }

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,6 +48,37 @@ type ProcessVMM struct {
 	done    chan struct{}
 	exit    VMExit
 	started bool
+	// tail keeps the end of cube-vmm's stderr: a refused restore says why there.
+	tail *tailWriter
+}
+
+// tailWriter keeps the last bytes written to it.
+type tailWriter struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+const tailSize = 2048
+
+func (t *tailWriter) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, p...)
+	if len(t.buf) > tailSize {
+		t.buf = append([]byte(nil), t.buf[len(t.buf)-tailSize:]...)
+	}
+	return len(p), nil
+}
+
+// last is ": " and the last non-empty line written ("" when none).
+func (t *tailWriter) last() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	lines := strings.Split(strings.TrimSpace(string(t.buf)), "\n")
+	if l := strings.TrimSpace(lines[len(lines)-1]); l != "" {
+		return ": " + l
+	}
+	return ""
 }
 
 var _ VMM = (*ProcessVMM)(nil)
@@ -54,8 +87,17 @@ var _ VMM = (*ProcessVMM)(nil)
 func Args(cfg VMConfig) []string {
 	if cfg.Template != "" {
 		// The template's writable disks get working copies beside the sandbox's other state.
-		return []string{"restore", "-control", cfg.ControlPath, "-vsock", cfg.VsockPath,
-			"-console", cfg.ConsolePath, "-disk-dir", filepath.Dir(cfg.ControlPath), cfg.Template}
+		a := []string{"restore", "-control", cfg.ControlPath, "-vsock", cfg.VsockPath,
+			"-console", cfg.ConsolePath, "-disk-dir", filepath.Dir(cfg.ControlPath)}
+		serials := make([]string, 0, len(cfg.DiskPaths))
+		for s := range cfg.DiskPaths {
+			serials = append(serials, s)
+		}
+		sort.Strings(serials)
+		for _, s := range serials {
+			a = append(a, "-disk-path", s+"="+cfg.DiskPaths[s])
+		}
+		return append(a, cfg.Template)
 	}
 	a := []string{
 		"-kernel", cfg.Kernel,
@@ -132,7 +174,8 @@ func (v *ProcessVMM) Start(ctx context.Context, cfg VMConfig) error {
 	// Go does not control; a crashed shim's VMM is reaped by the delete action.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	logw := v.Log.WithField("vmm", bin).WriterLevel(logrus.InfoLevel)
-	cmd.Stdout, cmd.Stderr = logw, logw
+	v.tail = &tailWriter{}
+	cmd.Stdout, cmd.Stderr = logw, io.MultiWriter(logw, v.tail)
 	for _, n := range cfg.Nets {
 		cmd.ExtraFiles = append(cmd.ExtraFiles, n.Tap) // fd 3+i: netArgs
 	}
@@ -167,7 +210,7 @@ func (v *ProcessVMM) Start(ctx context.Context, cfg VMConfig) error {
 		}
 		select {
 		case <-v.done:
-			return fmt.Errorf("vmm exited before creating its sockets: %s", v.Exit().describe())
+			return fmt.Errorf("vmm exited before creating its sockets: %s%s", v.Exit().describe(), v.tail.last())
 		case <-ctx.Done():
 			v.kill()
 			return fmt.Errorf("wait for vmm sockets: %w", ctx.Err())

@@ -60,6 +60,12 @@ func TestArgs(t *testing.T) {
 	if got != want {
 		t.Fatalf("template args\n got %s\nwant %s", got, want)
 	}
+	cfg.DiskPaths = map[string]string{"cube-slot-1": "/b.img", "cube-slot-0": "/a.img"}
+	got = strings.Join(Args(cfg), " ")
+	want = "restore -control /d/c.sock -vsock /d/v.sock -console /d/console.log -disk-dir /d -disk-path cube-slot-0=/a.img -disk-path cube-slot-1=/b.img /tpl"
+	if got != want {
+		t.Fatalf("restore args\n got %s\nwant %s", got, want)
+	}
 }
 
 func TestProcessVMMLifecycle(t *testing.T) {
@@ -205,6 +211,7 @@ func TestArgsParseWithTheRealVMM(t *testing.T) {
 	}
 	// Template restore: "cube-vmm restore" must accept every flag (a -help before the directory stops it).
 	cfg.Template = "/tpl"
+	cfg.DiskPaths = map[string]string{"cube-slot-0": "/img/rootfs.ext4"}
 	args := Args(cfg)
 	stderr.Reset()
 	restoreArgs := append(append([]string{}, args[:len(args)-1]...), "-help")

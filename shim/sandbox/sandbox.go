@@ -100,6 +100,40 @@ type Sandbox struct {
 	done     chan struct{} // closed after the VMM is gone and cleanup ran
 	exit     VMExit
 	unexpect bool
+	restore  *RestoreFrom // StartRestore's checkpoint
+}
+
+// RestoreFrom is a checkpoint StartRestore brings back instead of booting:
+// the VM snapshot of a Cube sandbox whose drives are the slots
+// cube-slot-0..N-1, one of which holds the checkpointed container's rootfs.
+type RestoreFrom struct {
+	// Dir is the VM snapshot (absolute).
+	Dir string
+	// Slots is the number of drive slots the snapshot has.
+	Slots int
+	// RootfsSerial is the slot of the checkpointed container's rootfs.
+	RootfsSerial string
+	// RootfsImage is where that disk's working copy goes: the new
+	// container's rootfs image (replaced by a reflink or copy of the
+	// snapshot's disk, which the guest's page cache describes).
+	RootfsImage string
+	// Owner is the new container's id.
+	Owner string
+}
+
+// StartRestore restores the VM from r instead of booting it (memory mapped
+// from the snapshot's files, disks copied: see RestoreFrom) and waits for
+// the agent; the guest's filesystems are thawed (a checkpoint of a paused
+// VM holds them frozen), its clock stepped and its RNG reseeded.
+func (s *Sandbox) StartRestore(ctx context.Context, r RestoreFrom) error {
+	if r.Dir == "" || r.Slots < 1 || r.RootfsSerial == "" || r.RootfsImage == "" || r.Owner == "" {
+		return fmt.Errorf("sandbox %s: restore: incomplete %+v: %w", s.o.ID, r, errdefs.ErrInvalidArgument)
+	}
+	s.mu.Lock()
+	s.restore = &r
+	s.o.Template, s.o.DiskSlots = r.Dir, r.Slots
+	s.mu.Unlock()
+	return s.Start(ctx, "", "")
 }
 
 type slot struct {
@@ -195,6 +229,9 @@ func (s *Sandbox) Start(ctx context.Context, firstImage, firstOwner string) (ret
 		if i == 0 && firstImage != "" && s.o.Template == "" {
 			path, sl.owner = firstImage, firstOwner
 		}
+		if r := s.restore; r != nil && sl.serial == r.RootfsSerial {
+			path, sl.owner = r.RootfsImage, r.Owner
+		}
 		s.slots = append(s.slots, sl)
 		disks = append(disks, Disk{Serial: sl.serial, Path: path})
 	}
@@ -206,6 +243,9 @@ func (s *Sandbox) Start(ctx context.Context, firstImage, firstOwner string) (ret
 		ConsolePath: filepath.Join(s.o.Dir, "console.log"),
 		GuestCID:    3,
 		Template:    s.o.Template,
+	}
+	if r := s.restore; r != nil {
+		cfg.DiskPaths = map[string]string{r.RootfsSerial: r.RootfsImage}
 	}
 	// Ordering: the network is attached before the VMM starts (it inherits
 	// the taps) and configured in the guest before Start returns, so before
@@ -226,6 +266,13 @@ func (s *Sandbox) Start(ctx context.Context, firstImage, firstOwner string) (ret
 	agent, err := s.dialAgent(ctx)
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w (console log: %s)", s.o.ID, err, cfg.ConsolePath)
+	}
+	if s.restore != nil {
+		// Ordering: thawed before anything else asks the guest to write.
+		if err := agent.ThawFilesystems(ctx); err != nil {
+			agent.Close()
+			return fmt.Errorf("sandbox %s: after restoring %s: thaw guest filesystems: %w", s.o.ID, s.o.Template, err)
+		}
 	}
 	if s.o.Template != "" {
 		if err := freshenRestoredGuest(ctx, agent); err != nil {

@@ -35,6 +35,10 @@ type VMConfig struct {
 	GuestCID uint32
 	// Template, when set, is a snapshot directory to restore instead of booting.
 	Template string
+	// DiskPaths, for a Template restore, put the working copy of the
+	// writable disk with a serial at a path (cube-vmm restore -disk-path);
+	// the other disks' copies go beside the sockets.
+	DiskPaths map[string]string
 	// Nets are the VM's virtio-net devices, in order: the VMM inherits each
 	// tap fd (cube-vmm -net fd=N,mac=M, N = 3 + index).
 	Nets []NIC

@@ -93,6 +93,10 @@ func (s *Service) Snapshot(ctx context.Context, req *api.SnapshotRequest) (*api.
 	if err != nil {
 		return nil, errOut(fmt.Errorf("snapshot of %s: %w", req.ContainerId, err))
 	}
+	// The CPU it was taken on, which a restore elsewhere checks (shim/task, restore.go).
+	if err := sandbox.WriteHostFacts(req.Dir); err != nil {
+		s.o.Log.WithError(err).Warn("snapshot: this host's CPU not recorded")
+	}
 	snap := &api.Snapshot{
 		Id: req.Id, Names: req.Names, Namespace: s.o.Namespace, SandboxId: sb.ID(), ContainerId: req.ContainerId,
 		Dir: req.Dir, Incremental: req.Incremental, StartedUnixNano: started.UnixNano(), VmmPid: uint32(sb.Pid()),

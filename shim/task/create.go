@@ -134,7 +134,7 @@ func (s *Service) Create(ctx context.Context, req *taskAPI.CreateTaskRequest) (_
 		return nil, err
 	}
 	if req.Checkpoint != "" {
-		return nil, fmt.Errorf("create from a checkpoint (%s) is not mapped onto VM restore yet; start the checkpoint's VM with `cube-vmm restore <checkpoint>/vm`: %w", req.Checkpoint, errdefs.ErrNotImplemented)
+		return s.createFromCheckpoint(ctx, req)
 	}
 	image, err := rootfsImage(req.Rootfs)
 	if err != nil {

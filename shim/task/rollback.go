@@ -218,6 +218,12 @@ func (s *Service) reattachStreams(ctx context.Context, agent sandbox.AgentClient
 func (s *Service) drainUnknown(ctx context.Context, agent sandbox.AgentClient, g sandbox.GuestProcess) {
 	log := s.o.Log.WithFields(logrus.Fields{"container": g.ContainerID, "exec": g.ExecID, "pid": g.Pid})
 	log.Warn("rollback: the guest runs a process containerd deleted after the snapshot; list and signal it through the snapshot service (cube.snapshot.v1 ListProcesses and Signal)")
+	s.drainOutput(ctx, agent, g, log)
+}
+
+// drainOutput re-attaches a guest process's output streams and discards
+// what comes on them.
+func (s *Service) drainOutput(ctx context.Context, agent sandbox.AgentClient, g sandbox.GuestProcess, log *logrus.Entry) {
 	_, out, errw := s.reattachStreams(ctx, agent, sandbox.GuestProcess{ContainerID: g.ContainerID, ExecID: g.ExecID,
 		Stdio: sandbox.StdioFlags{Stdout: g.Stdio.Stdout, Stderr: g.Stdio.Stderr}, Terminal: g.Terminal}, log)
 	for _, c := range []io.ReadCloser{out, errw} {

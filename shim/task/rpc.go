@@ -327,6 +327,10 @@ func (s *Service) Checkpoint(ctx context.Context, req *taskAPI.CheckpointTaskReq
 	if err != nil {
 		return nil, errOut(fmt.Errorf("checkpoint %s: %w", req.ID, err))
 	}
+	if err := sandbox.WriteHostFacts(req.Path); err != nil {
+		// A restore elsewhere then cannot compare CPUs; the checkpoint stands.
+		s.o.Log.WithError(err).Warn("checkpoint: this host's CPU not recorded")
+	}
 	res := st.VMM
 	s.o.Log.WithFields(logrus.Fields{"id": req.ID, "dir": dir, "took": st.Total, "vmm_frozen_ms": res.FrozenMS,
 		"vmm_total_ms": res.TotalMS, "memory_bytes": res.MemoryBytes, "disk_bytes": res.DiskBytes, "reflinked": res.Reflinked}).Info("checkpoint written")

@@ -44,6 +44,8 @@ type Agent struct {
 	// NetworkErr, when set, is ConfigureNetwork's answer.
 	NetworkErr error
 	networks   []sandbox.NetworkConfig
+	// RenameErr, when set, is RenameContainer's answer (an agent without it).
+	RenameErr error
 }
 
 type fakeFile struct {

@@ -3,6 +3,7 @@ package sandboxtest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"sort"
 
@@ -140,4 +141,28 @@ func (a *Agent) ProcessStatus(cid, eid string) string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return p.state
+}
+
+// RenameContainer gives container cid the id newID (as the agent does
+// after a restore under another containerd id).
+func (a *Agent) RenameContainer(ctx context.Context, cid, newID string) error {
+	if err := a.enter("RenameContainer"); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.RenameErr != nil {
+		return a.RenameErr
+	}
+	c, ok := a.containers[cid]
+	if !ok {
+		return fmt.Errorf("container %s: not found", cid)
+	}
+	if _, taken := a.containers[newID]; taken && newID != cid {
+		return fmt.Errorf("container %s: already exists", newID)
+	}
+	delete(a.containers, cid)
+	c.id = newID
+	a.containers[newID] = c
+	return nil
 }

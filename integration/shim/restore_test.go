@@ -1,0 +1,98 @@
+package shim
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// startWorker copies the worker (integration/snapshot/worker) into container
+// id and runs it as an exec beside the init; it returns the exec's ctr.
+func (d *daemons) startWorker(t *testing.T, id string) *bg {
+	t.Helper()
+	bin, err := os.Open(workerBin)
+	if err != nil {
+		t.Fatalf("the worker binary: %v", err)
+	}
+	defer bin.Close()
+	if out, rc, err := d.ctrQuiet(bin, "task", "exec", "--exec-id", "cp-worker", id, "sh", "-c", "cat > /worker && busybox chmod 755 /worker"); err != nil || rc != 0 {
+		t.Fatalf("copy the worker into %s: rc %d %v\n%s", id, rc, err, out)
+	}
+	wk := d.ctrBG(t, "task", "exec", "--exec-id", "worker", id, "/worker", "serve", workerSock)
+	d.workerAbove(t, id, 0)
+	return wk
+}
+
+// checkpointLeftovers lists containerd's temporary checkpoint directories
+// (containerd makes them in its temp directory, d.dir/tmp; the shim removes
+// the one a restore unpacked, containerd the one a checkpoint wrote).
+func (d *daemons) checkpointLeftovers() []string {
+	m, _ := filepath.Glob(filepath.Join(d.dir, "tmp", "ctrd-checkpoint*"))
+	return m
+}
+
+// TestCtrContainerRestore is issue 14's containerd restore: `ctr containers
+// checkpoint --task --rw` of a running io.cube.v1 container whose worker exec
+// is held → the container and its task removed → `ctr containers restore
+// --live --rw` under a new id: a new VMM restored from the checkpoint, the
+// worker answers with the checkpoint's counter, identity, pid and digest
+// exactly, then counts on once released; the init's own counter runs on; the
+// new container's execs work (the guest's container answers to the new id).
+func TestCtrContainerRestore(t *testing.T) {
+	d := startDaemons(t)
+	const src, dst = "cube-cp-src", "cube-cp-dst"
+	const ref = "docker.io/e2e/cube-checkpoint:1"
+	args := append(append([]string{"run", "-d"}, cubeRuntime.args...), imageRef, src, "sh", "-c", counterScript)
+	if out, rc, err := d.ctr(args...); err != nil || rc != 0 {
+		t.Fatalf("ctr run -d: rc %d %v\n%s", rc, err, out)
+	}
+	srcRemoved := false
+	t.Cleanup(func() {
+		if !srcRemoved {
+			d.remove(t, src)
+		}
+	})
+	srcTask := d.waitStatus(t, src, "RUNNING", time.Minute)
+	d.counterAbove(t, src, 0)
+	wk := d.startWorker(t, src)
+	at := d.workerAnswers(t, src, "hold")
+
+	if out, rc, err := d.ctr("containers", "checkpoint", "--task", "--rw", src, ref); err != nil || rc != 0 {
+		t.Fatalf("ctr containers checkpoint --task --rw: rc %d %v\n%s", rc, err, out)
+	}
+	t.Cleanup(func() {
+		if out, rc, err := d.ctrQuiet(nil, "images", "rm", "--sync", ref); err != nil || rc != 0 {
+			t.Errorf("ctr images rm %s: rc %d %v\n%s", ref, rc, err, out)
+		}
+	})
+	// The source ran on (ctr paused it around the checkpoint); then it goes.
+	d.waitStatus(t, src, "RUNNING", 10*time.Second)
+	if st := d.workerAnswers(t, src, "query"); !st.same(at) {
+		t.Fatalf("the held worker changed across the checkpoint: %+v, then %+v", at, st)
+	}
+	d.remove(t, src)
+	srcRemoved = true
+	wk.wait(t, time.Minute)
+
+	if out, rc, err := d.ctr("containers", "restore", "--live", "--rw", dst, ref); err != nil || rc != 0 {
+		t.Fatalf("ctr containers restore --live --rw: rc %d %v\n%s", rc, err, out)
+	}
+	t.Cleanup(func() { d.remove(t, dst) })
+	dstTask := d.waitStatus(t, dst, "RUNNING", time.Minute)
+	if dstTask.pid == srcTask.pid || dstTask.pid <= 0 {
+		t.Errorf("restored task's VMM pid %d, the source's was %d: want a new VMM", dstTask.pid, srcTask.pid)
+	}
+	got := d.workerAnswers(t, dst, "query")
+	if !got.same(at) {
+		t.Fatalf("the restored worker is %+v, want the checkpoint's %+v", got, at)
+	}
+	d.workerAnswers(t, dst, "release")
+	d.workerAbove(t, dst, at.Counter)
+	n := d.readCounter(t, dst)
+	d.counterAbove(t, dst, n)
+	if left := d.checkpointLeftovers(); len(left) > 0 {
+		t.Errorf("containerd's unpacked checkpoints left behind: %v", left)
+	}
+
+}
