@@ -21,9 +21,9 @@ type Filter struct {
 	Device string
 	// Table names the netdev table (one per sandbox link: TableName).
 	Table string
-	// NetNSFd, when not 0, is the network namespace Device is in (tests);
-	// 0 is the caller's.
-	NetNSFd int
+	// NetNS, when set, is the path of the network namespace Device is in
+	// (tests); "" is the caller's.
+	NetNS string
 	Log     *logrus.Entry
 
 	mu      sync.Mutex
@@ -41,16 +41,24 @@ type Status struct {
 	Counters []Counter
 }
 
-func (f *Filter) conn() (*nftables.Conn, error) {
+// conn returns an nftables connection in f's namespace and what closes it.
+func (f *Filter) conn() (*nftables.Conn, func(), error) {
 	var opts []nftables.ConnOption
-	if f.NetNSFd != 0 {
-		opts = append(opts, nftables.WithNetNSFd(f.NetNSFd))
+	done := func() {}
+	if f.NetNS != "" {
+		fd, err := unix.Open(f.NetNS, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, nil, fmt.Errorf("open network namespace %s: %w", f.NetNS, err)
+		}
+		done = func() { unix.Close(fd) }
+		opts = append(opts, nftables.WithNetNSFd(fd))
 	}
 	c, err := nftables.New(opts...)
 	if err != nil {
-		return nil, fmt.Errorf("nftables: %w", err)
+		done()
+		return nil, nil, fmt.Errorf("nftables: %w", err)
 	}
-	return c, nil
+	return c, done, nil
 }
 
 func (f *Filter) objects() (*nftables.Table, *nftables.Chain) {
@@ -76,10 +84,11 @@ func (f *Filter) Set(p Policy) error {
 		f.policy = &p
 		return nil
 	}
-	c, err := f.conn()
+	c, done, err := f.conn()
 	if err != nil {
 		return err
 	}
+	defer done()
 	t, ch := f.objects()
 	// Ordering: table, then its base chain on the device, then the chain
 	// emptied, then the new rules: one batch, applied by the kernel as one
@@ -115,10 +124,11 @@ func (f *Filter) Status() (Status, error) {
 	if !f.applied {
 		return st, nil
 	}
-	c, err := f.conn()
+	c, done, err := f.conn()
 	if err != nil {
 		return st, err
 	}
+	defer done()
 	t, ch := f.objects()
 	rs, err := c.GetRules(t, ch)
 	if err != nil {
@@ -140,10 +150,11 @@ func (f *Filter) removeLocked() error {
 	if !f.applied {
 		return nil
 	}
-	c, err := f.conn()
+	c, done, err := f.conn()
 	if err != nil {
 		return err
 	}
+	defer done()
 	t, _ := f.objects()
 	c.DelTable(t)
 	if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {

@@ -126,7 +126,7 @@ func TestFilterEnforces(t *testing.T) {
 			if _, err := client.WriteToUDP([]byte("hi"), &net.UDPAddr{IP: net.ParseIP(ip), Port: 9999}); err != nil {
 				t.Fatal(err)
 			}
-			servers[ip].SetReadDeadline(time.Now().Add(time.Second))
+			servers[ip].SetReadDeadline(time.Now().Add(500 * time.Millisecond))
 			if _, _, err := servers[ip].ReadFromUDP(buf); err == nil {
 				return true
 			}
@@ -137,14 +137,7 @@ func TestFilterEnforces(t *testing.T) {
 		t.Fatal("without a filter both servers must be reached")
 	}
 
-	var hostFd int
-	host.do(t, func() error {
-		var err error
-		hostFd, err = unix.Open(host.path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		return err
-	})
-	defer unix.Close(hostFd)
-	f := &Filter{Device: "host0", Table: TableName("host0"), NetNSFd: hostFd, Log: logrus.NewEntry(logrus.New())}
+	f := &Filter{Device: "host0", Table: TableName("host0"), NetNS: host.path, Log: logrus.NewEntry(logrus.New())}
 	check := func(allowed, denied string) {
 		t.Helper()
 		p, err := Parse(false, []string{allowed + "/32"}, nil)
@@ -181,10 +174,11 @@ func TestFilterEnforces(t *testing.T) {
 	check("10.99.0.2", "10.99.0.1") // changed while "running": replaced in one transaction
 
 	tableGone := func() bool {
-		c, err := nftables.New(nftables.WithNetNSFd(hostFd))
+		c, done, err := f.conn()
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer done()
 		_, err = c.ListTableOfFamily(f.Table, nftables.TableFamilyNetdev)
 		return errors.Is(err, unix.ENOENT)
 	}

@@ -38,6 +38,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"github.com/vishvananda/netns"
 
+	"github.com/cube-runtime/cube/shim/egress"
 	"github.com/cube-runtime/cube/shim/sandbox"
 )
 
@@ -58,7 +59,11 @@ type Network struct {
 	NetNS string
 	// DNS for the guest's resolv.conf (nil: none found).
 	DNS *sandbox.DNSConfig
-	Log *logrus.Entry
+	// HostNetNS is the path of the namespace the pod's veth peer is in,
+	// where egress policies are enforced (egress.go); "" is the shim's own
+	// (the host's: where CNI's bridge plugin puts it). Tests set it.
+	HostNetNS string
+	Log       *logrus.Entry
 
 	mu       sync.Mutex
 	attached *attachment // what Detach removes
@@ -72,6 +77,10 @@ type attachment struct {
 	cniName  string // for logs
 	tapIndex int
 	qdiscs   []int // interfaces redirect gave an ingress qdisc
+	// hostEnd is the host's end of the pod's link (the CNI veth's peer),
+	// "" when there is none; egress its policy filter, once one was set.
+	hostEnd string
+	egress  *egress.Filter
 }
 
 // FromSpec returns the network of a CRI sandbox container's spec, or nil
@@ -151,6 +160,7 @@ func (n *Network) Attach(ctx context.Context) (sandbox.NetworkAttachment, error)
 		return sandbox.NetworkAttachment{}, fmt.Errorf("pod network %s already attached: %w", n.NetNS, errdefs.ErrAlreadyExists)
 	}
 	var res sandbox.NetworkAttachment
+	peerIndex := 0
 	err := inNetns(n.NetNS, func() error {
 		cni, err := findCNILink()
 		if err != nil {
@@ -165,6 +175,9 @@ func (n *Network) Attach(ctx context.Context) (sandbox.NetworkAttachment, error)
 			return err
 		}
 		a := &attachment{cniIndex: cni.Attrs().Index, cniName: cni.Attrs().Name, tapIndex: tapLink.Attrs().Index}
+		if cni.Type() == "veth" {
+			peerIndex = cni.Attrs().ParentIndex
+		}
 		if err := redirect(a); err != nil {
 			unredirect(a)
 			tap.Close() // the tap is not persistent: it goes with its last fd
@@ -178,6 +191,11 @@ func (n *Network) Attach(ctx context.Context) (sandbox.NetworkAttachment, error)
 	if err != nil {
 		return sandbox.NetworkAttachment{}, fmt.Errorf("connect the VM to the pod network in %s: %w", n.NetNS, err)
 	}
+	// In the shim's namespace, not the pod's: the veth's peer.
+	if n.attached.hostEnd, err = n.findHostEnd(peerIndex, n.attached.cniIndex); err != nil {
+		n.Log.WithError(err).Warn("the host's end of the pod's link not found: egress policies cannot be set")
+	}
+	n.logHostEnd(n.attached)
 	g := res.Guest.Interfaces[0]
 	n.Log.WithFields(logrus.Fields{"interface": g.Name, "mac": g.MAC, "mtu": g.MTU, "addresses": fmt.Sprint(g.Addresses),
 		"routes": len(g.Routes), "tap": TapName}).Info("pod network attached: tap redirected to and from the CNI interface")
@@ -195,6 +213,9 @@ func (n *Network) Detach(ctx context.Context) error {
 		return nil
 	}
 	n.attached = nil
+	// Ordering: the rules on the host's end go first: they are the host's,
+	// and outlive the pod's namespace otherwise.
+	n.removeEgress(a)
 	err := inNetns(n.NetNS, func() error {
 		unredirect(a)
 		return deleteTap(a.tapIndex)

@@ -17,8 +17,11 @@ import (
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/sirupsen/logrus"
+	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/cube-runtime/cube/shim/egress"
 )
 
 func TestParseResolvConf(t *testing.T) {
@@ -162,7 +165,10 @@ func TestAttachRedirects(t *testing.T) {
 		return netlink.LinkSetUp(p)
 	})
 
-	n := &Network{NetNS: pod.path, Log: logrus.NewEntry(logrus.New())}
+	n := &Network{NetNS: pod.path, HostNetNS: peer.path, Log: logrus.NewEntry(logrus.New())}
+	if err := n.SetEgressPolicy(context.Background(), egress.Open()); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("egress policy before Attach: %v, want FailedPrecondition", err)
+	}
 	att, err := n.Attach(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -202,6 +208,7 @@ func TestAttachRedirects(t *testing.T) {
 	if !bytes.Contains(got, []byte("vm→peer")) {
 		t.Errorf("frame written to the tap did not reach the peer: %x", got)
 	}
+	checkEgress(t, n, tap, peer, peerIdx)
 
 	if err := n.Detach(context.Background()); err != nil {
 		t.Fatal(err)
@@ -226,6 +233,62 @@ func TestAttachRedirects(t *testing.T) {
 	})
 	if err := n.Detach(context.Background()); err != nil {
 		t.Errorf("second Detach: %v", err)
+	}
+	peer.do(t, func() error {
+		c, err := nftables.New()
+		if err != nil {
+			return err
+		}
+		if _, err := c.ListTableOfFamily(egress.TableName("peer0"), nftables.TableFamilyNetdev); !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("egress table after Detach: %v, want none", err)
+		}
+		return nil
+	})
+}
+
+// checkEgress: the VM's frames cross the host's end of the link (peer0,
+// found as the veth's peer in the host namespace), where a policy without
+// internet access drops a frame the VM writes to the tap (neither ARP nor
+// IP: the non-ip rule) and counts it; an open policy lets it through again.
+func checkEgress(t *testing.T, n *Network, tap *os.File, peer *nsThread, peerIdx int) {
+	t.Helper()
+	ctx := context.Background()
+	if err := n.SetEgressPolicy(ctx, egress.Policy{}); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	peer.do(t, func() error {
+		s, serr := rawSocket(peerIdx)
+		if serr != nil {
+			return serr
+		}
+		defer unix.Close(s)
+		tv := unix.Timeval{Sec: 1}
+		unix.SetsockoptTimeval(s, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+		if _, werr := tap.Write(append(make([]byte, 10), testFrame("ff:ff:ff:ff:ff:ff", "vm→denied")...)); werr != nil {
+			return werr
+		}
+		_, err = recvUntil(s, "vm→denied")
+		return nil
+	})
+	if err == nil {
+		t.Error("a frame the policy drops reached the peer")
+	}
+	st, serr := n.EgressStatus(ctx)
+	if serr != nil {
+		t.Fatal(serr)
+	}
+	dropped := uint64(0)
+	for _, c := range st.Counters {
+		if c.Action == egress.ActionNonIP {
+			dropped = c.Packets
+		}
+	}
+	if st.Device != "peer0" || dropped == 0 {
+		t.Errorf("egress status %+v: want device peer0 and the dropped frame counted", st)
+	}
+	if err := n.SetEgressPolicy(ctx, egress.Open()); err != nil {
+		t.Fatal(err)
 	}
 }
 
