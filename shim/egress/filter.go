@@ -24,7 +24,7 @@ type Filter struct {
 	// NetNS, when set, is the path of the network namespace Device is in
 	// (tests); "" is the caller's.
 	NetNS string
-	Log     *logrus.Entry
+	Log   *logrus.Entry
 
 	mu      sync.Mutex
 	policy  *Policy // nil: never set (open)

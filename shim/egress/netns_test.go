@@ -118,17 +118,28 @@ func TestFilterEnforces(t *testing.T) {
 		return err
 	})
 	t.Cleanup(func() { client.Close() })
-	// reached sends a datagram to ip from the sandbox and says whether
-	// ip's server got it (retried for ARP: the first may wait on it).
+	// reached sends datagrams to ip from the sandbox and says whether ip's
+	// server got one of them (retried for ARP: the first may wait on it).
+	// Each call's datagrams carry their own sequence number: one that
+	// arrived late for an earlier call does not count.
+	seq := 0
 	reached := func(ip string) bool {
+		seq++
+		want := fmt.Sprintf("hi %d", seq)
 		buf := make([]byte, 64)
 		for range 3 {
-			if _, err := client.WriteToUDP([]byte("hi"), &net.UDPAddr{IP: net.ParseIP(ip), Port: 9999}); err != nil {
+			if _, err := client.WriteToUDP([]byte(want), &net.UDPAddr{IP: net.ParseIP(ip), Port: 9999}); err != nil {
 				t.Fatal(err)
 			}
 			servers[ip].SetReadDeadline(time.Now().Add(500 * time.Millisecond))
-			if _, _, err := servers[ip].ReadFromUDP(buf); err == nil {
-				return true
+			for {
+				n, _, err := servers[ip].ReadFromUDP(buf)
+				if err != nil {
+					break
+				}
+				if string(buf[:n]) == want {
+					return true
+				}
 			}
 		}
 		return false

@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/google/nftables"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/sirupsen/logrus"
-	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
