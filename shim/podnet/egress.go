@@ -3,6 +3,7 @@ package podnet
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/containerd/errdefs"
 	"github.com/sirupsen/logrus"
@@ -111,4 +112,61 @@ func (n *Network) logHostEnd(a *attachment) {
 		return
 	}
 	n.Log.WithFields(logrus.Fields{"interface": a.cniName, "host_end": a.hostEnd}).Debug("egress policies apply on the host's end of the pod's link")
+}
+
+// Annotations of the sandbox container's spec that set the egress policy
+// at create, so that it holds from the VM's first frame (a CRI pod's
+// annotations reach the sandbox spec when the runtime's pod_annotations
+// lists them, e.g. "io.cube.network.*"). Lists are comma-separated.
+const (
+	AnnotationAllowInternet = "io.cube.network.allow-internet-access" // "true" or "false"
+	AnnotationAllowOut      = "io.cube.network.allow-out"
+	AnnotationDenyOut       = "io.cube.network.deny-out"
+)
+
+// policyFromAnnotations returns the policy the annotations set, or nil
+// when none is there. A bad value is refused naming the annotation.
+func policyFromAnnotations(a map[string]string) (*egress.Policy, error) {
+	internet, hasInternet := a[AnnotationAllowInternet]
+	allow, hasAllow := a[AnnotationAllowOut]
+	deny, hasDeny := a[AnnotationDenyOut]
+	if !hasInternet && !hasAllow && !hasDeny {
+		return nil, nil
+	}
+	allowInternet := true
+	switch strings.TrimSpace(internet) {
+	case "", "true":
+	case "false":
+		allowInternet = false
+	default:
+		return nil, fmt.Errorf("annotation %s: %.32q is neither true nor false: %w", AnnotationAllowInternet, internet, errdefs.ErrInvalidArgument)
+	}
+	p, err := egress.Parse(allowInternet, splitList(allow), splitList(deny))
+	if err != nil {
+		return nil, fmt.Errorf("annotations %s / %s: %w", AnnotationAllowOut, AnnotationDenyOut, err)
+	}
+	return &p, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// applyInitialPolicy sets the policy from the annotations (Attach, before
+// the VMM starts).
+func (n *Network) applyInitialPolicy() error {
+	if n.Initial == nil {
+		return nil
+	}
+	f, err := n.filter()
+	if err != nil {
+		return err
+	}
+	return f.Set(*n.Initial)
 }

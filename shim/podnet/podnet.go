@@ -63,7 +63,10 @@ type Network struct {
 	// where egress policies are enforced (egress.go); "" is the shim's own
 	// (the host's: where CNI's bridge plugin puts it). Tests set it.
 	HostNetNS string
-	Log       *logrus.Entry
+	// Initial is the egress policy the spec's annotations set (nil: none);
+	// Attach applies it before the VMM starts.
+	Initial *egress.Policy
+	Log     *logrus.Entry
 
 	mu       sync.Mutex
 	attached *attachment // what Detach removes
@@ -110,7 +113,11 @@ func FromSpec(spec *specs.Spec, log *logrus.Entry) (*Network, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Network{NetNS: path, DNS: dns, Log: log.WithField("netns", path)}, nil
+	initial, err := policyFromAnnotations(spec.Annotations)
+	if err != nil {
+		return nil, err
+	}
+	return &Network{NetNS: path, DNS: dns, Initial: initial, Log: log.WithField("netns", path)}, nil
 }
 
 // inNetns runs f on a locked OS thread inside the network namespace at
@@ -196,6 +203,17 @@ func (n *Network) Attach(ctx context.Context) (sandbox.NetworkAttachment, error)
 		n.Log.WithError(err).Warn("the host's end of the pod's link not found: egress policies cannot be set")
 	}
 	n.logHostEnd(n.attached)
+	// Ordering: the annotations' policy holds before the VMM starts (Attach
+	// returns to it), so the VM's first frame meets it.
+	if err := n.applyInitialPolicy(); err != nil {
+		a := n.attached
+		n.attached = nil
+		closeTap(res)
+		if uerr := inNetns(n.NetNS, func() error { unredirect(a); return deleteTap(a.tapIndex) }); uerr != nil {
+			n.Log.WithError(uerr).Warn("undo the pod network attach")
+		}
+		return sandbox.NetworkAttachment{}, fmt.Errorf("egress policy of pod network %s from the annotations: %w", n.NetNS, err)
+	}
 	g := res.Guest.Interfaces[0]
 	n.Log.WithFields(logrus.Fields{"interface": g.Name, "mac": g.MAC, "mtu": g.MTU, "addresses": fmt.Sprint(g.Addresses),
 		"routes": len(g.Routes), "tap": TapName}).Info("pod network attached: tap redirected to and from the CNI interface")
@@ -228,6 +246,15 @@ func (n *Network) Detach(ctx context.Context) error {
 	}
 	n.Log.WithField("interface", a.cniName).Info("pod network detached")
 	return nil
+}
+
+// closeTap closes the tap fds of an attachment Attach will not return.
+func closeTap(res sandbox.NetworkAttachment) {
+	for _, nic := range res.NICs {
+		if nic.Tap != nil {
+			nic.Tap.Close()
+		}
+	}
 }
 
 // macString formats a MAC as cube-vmm and the agent take it.
