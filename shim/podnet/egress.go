@@ -9,6 +9,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/cube-runtime/cube/shim/egress"
 )
@@ -31,14 +32,14 @@ func (n *Network) findHostEnd(peerIndex, cniIndex int) (string, error) {
 	var h *netlink.Handle
 	var err error
 	if n.HostNetNS == "" {
-		h, err = netlink.NewHandle()
+		h, err = netlink.NewHandle(unix.NETLINK_ROUTE) // route only: a host without xfrm refuses the rest
 	} else {
 		var ns netns.NsHandle
 		if ns, err = netns.GetFromPath(n.HostNetNS); err != nil {
 			return "", fmt.Errorf("open the host network namespace %s: %w", n.HostNetNS, err)
 		}
 		defer ns.Close()
-		h, err = netlink.NewHandleAt(ns)
+		h, err = netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	}
 	if err != nil {
 		return "", fmt.Errorf("netlink: %w", err)
@@ -60,6 +61,9 @@ func (n *Network) filter() (*egress.Filter, error) {
 	switch {
 	case a == nil:
 		return nil, fmt.Errorf("pod network %s is not attached: %w", n.NetNS, errdefs.ErrFailedPrecondition)
+	case a.hostEndErr != nil:
+		return nil, fmt.Errorf("pod network %s: looking up the host's end of the pod's link failed (%v): no place on the host to enforce an egress policy: %w",
+			n.NetNS, a.hostEndErr, errdefs.ErrFailedPrecondition)
 	case a.hostEnd == "":
 		return nil, fmt.Errorf("pod network %s: the pod's interface %s is not a veth whose peer is in the host's network namespace (the CNI plugin is not bridge or ptp?): no place on the host to enforce an egress policy: %w",
 			n.NetNS, a.cniName, errdefs.ErrFailedPrecondition)

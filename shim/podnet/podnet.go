@@ -82,8 +82,9 @@ type attachment struct {
 	qdiscs   []int // interfaces redirect gave an ingress qdisc
 	// hostEnd is the host's end of the pod's link (the CNI veth's peer),
 	// "" when there is none; egress its policy filter, once one was set.
-	hostEnd string
-	egress  *egress.Filter
+	hostEnd    string
+	hostEndErr error // why the host end could not be looked up
+	egress     *egress.Filter
 }
 
 // FromSpec returns the network of a CRI sandbox container's spec, or nil
@@ -200,6 +201,7 @@ func (n *Network) Attach(ctx context.Context) (sandbox.NetworkAttachment, error)
 	}
 	// In the shim's namespace, not the pod's: the veth's peer.
 	if n.attached.hostEnd, err = n.findHostEnd(peerIndex, n.attached.cniIndex); err != nil {
+		n.attached.hostEndErr = err
 		n.Log.WithError(err).Warn("the host's end of the pod's link not found: egress policies cannot be set")
 	}
 	n.logHostEnd(n.attached)
