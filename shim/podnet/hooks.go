@@ -146,7 +146,9 @@ func (n *HookNetwork) Detach(ctx context.Context) error {
 	holder, net := n.holder, n.net
 	n.holder, n.net = nil, nil
 	err := net.Detach(ctx)
-	if herr := n.runHooks(ctx, "poststop", n.Spec.Hooks.Poststop, specs.StateStopped, holder.tid); herr != nil {
+	// The poststop hooks have their own timeouts, not what is left of the
+	// teardown's bound on the redirects (CNI DEL may take longer).
+	if herr := n.runHooks(context.WithoutCancel(ctx), "poststop", n.Spec.Hooks.Poststop, specs.StateStopped, holder.tid); herr != nil {
 		err = errors.Join(err, herr)
 	}
 	holder.close()
