@@ -47,6 +47,8 @@ type Shim interface {
 	snapshots.Shim
 	Rollback(ctx context.Context, req *api.RollbackRequest) (*api.RollbackResponse, error)
 	Inspect(ctx context.Context, req *api.InspectRequest) (*api.InspectResponse, error)
+	SetNetworkPolicy(ctx context.Context, req *api.SetNetworkPolicyRequest) (*api.NetworkPolicyResponse, error)
+	GetNetworkPolicy(ctx context.Context, req *api.GetNetworkPolicyRequest) (*api.NetworkPolicyResponse, error)
 	Close() error
 }
 
@@ -149,6 +151,8 @@ Commands:
   snapshots inspect ID|NAME
                            show one snapshot as JSON
   snapshots rm ID|NAME...  delete snapshots
+  network policy CONTAINER [--no-internet] [--allow-out CIDR] [--deny-out CIDR] [--reset]
+                           show or replace the egress policy of CONTAINER's sandbox
   help [COMMAND]           a command's help
 
 ` + globalHelp + `
@@ -182,10 +186,12 @@ func Run(ctx context.Context, args []string, env Env) int {
 		return r.restore(ctx, rest)
 	case "fork":
 		return r.fork(ctx, rest)
+	case "network":
+		return r.network(ctx, rest)
 	case "help":
 		return r.help(rest)
 	}
-	return r.usageError("cube", fmt.Sprintf("unknown command %q (commands: snapshot, rollback, restore, fork, snapshots, help)", cmd))
+	return r.usageError("cube", fmt.Sprintf("unknown command %q (commands: snapshot, rollback, restore, fork, snapshots, network, help)", cmd))
 }
 
 // runner runs one cube command.
@@ -263,6 +269,8 @@ func (r *runner) help(args []string) int {
 		fmt.Fprint(r.env.Stdout, inspectHelp)
 	case "snapshots rm":
 		fmt.Fprint(r.env.Stdout, rmHelp)
+	case "network", "network policy":
+		fmt.Fprint(r.env.Stdout, policyHelp)
 	default:
 		return r.usageError("cube help", fmt.Sprintf("no command %q", strings.Join(args, " ")))
 	}

@@ -61,14 +61,17 @@ type world struct {
 	last string
 }
 
-func newWorld(t *testing.T) *world {
+func newWorld(t *testing.T) *world { return newNetWorld(t, nil) }
+
+// newNetWorld is newWorld whose sandbox has a network (nil: none).
+func newNetWorld(t *testing.T, network sandbox.Network) *world {
 	t.Helper()
 	w := &world{state: t.TempDir(), root: filepath.Join(t.TempDir(), "store")}
 	agent := sandboxtest.NewAgent()
 	w.vmm = sandboxtest.NewVMM(agent)
 	w.vmm.SnapshotFunc = w.write
 	sb, err := sandbox.New(sandbox.Options{ID: "c1", Dir: filepath.Join(t.TempDir(), "sb"), DiskSlots: 1,
-		VMM: w.vmm, Dial: sandboxtest.Dialer(agent), BootTimeout: time.Second})
+		VMM: w.vmm, Dial: sandboxtest.Dialer(agent), BootTimeout: time.Second, Network: network})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -221,6 +221,18 @@ func (c *Client) Signal(ctx context.Context, req *api.SignalRequest) (*api.Signa
 	return r, errgrpc.ToNative(err)
 }
 
+// SetNetworkPolicy calls the service's SetNetworkPolicy.
+func (c *Client) SetNetworkPolicy(ctx context.Context, req *api.SetNetworkPolicyRequest) (*api.NetworkPolicyResponse, error) {
+	r, err := c.s.SetNetworkPolicy(ctx, req)
+	return r, errgrpc.ToNative(err)
+}
+
+// GetNetworkPolicy calls the service's GetNetworkPolicy.
+func (c *Client) GetNetworkPolicy(ctx context.Context, req *api.GetNetworkPolicyRequest) (*api.NetworkPolicyResponse, error) {
+	r, err := c.s.GetNetworkPolicy(ctx, req)
+	return r, errgrpc.ToNative(err)
+}
+
 // Close closes the connection.
 func (c *Client) Close() error { return c.c.Close() }
 

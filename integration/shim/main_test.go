@@ -93,8 +93,8 @@ func TestMain(m *testing.M) {
 		// The snapshotter makes ext4 images; containerd's diff applier
 		// loop-mounts them to unpack layers.
 		Tools: []string{"mkfs.ext4", "debugfs"},
-		// CRI pod networking: veth + bridge (CNI's bridge plugin), the VM's tap and the tc redirects.
-		Modules: []string{"loop", "overlay", "tun", "veth", "bridge", "sch_ingress", "cls_u32", "act_mirred"},
+		// CRI pod networking: veth + bridge (CNI's bridge plugin), the VM's tap and the tc redirects; egress policies.
+		Modules: []string{"loop", "overlay", "tun", "veth", "bridge", "sch_ingress", "cls_u32", "act_mirred", "nf_tables"},
 	})
 	env.Close() // not deferred: os.Exit skips deferred calls
 	os.Exit(code)

@@ -38,6 +38,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"github.com/vishvananda/netns"
 
+	"github.com/cube-runtime/cube/shim/egress"
 	"github.com/cube-runtime/cube/shim/sandbox"
 )
 
@@ -58,7 +59,14 @@ type Network struct {
 	NetNS string
 	// DNS for the guest's resolv.conf (nil: none found).
 	DNS *sandbox.DNSConfig
-	Log *logrus.Entry
+	// HostNetNS is the path of the namespace the pod's veth peer is in,
+	// where egress policies are enforced (egress.go); "" is the shim's own
+	// (the host's: where CNI's bridge plugin puts it). Tests set it.
+	HostNetNS string
+	// Initial is the egress policy the spec's annotations set (nil: none);
+	// Attach applies it before the VMM starts.
+	Initial *egress.Policy
+	Log     *logrus.Entry
 
 	mu       sync.Mutex
 	attached *attachment // what Detach removes
@@ -72,6 +80,11 @@ type attachment struct {
 	cniName  string // for logs
 	tapIndex int
 	qdiscs   []int // interfaces redirect gave an ingress qdisc
+	// hostEnd is the host's end of the pod's link (the CNI veth's peer),
+	// "" when there is none; egress its policy filter, once one was set.
+	hostEnd    string
+	hostEndErr error // why the host end could not be looked up
+	egress     *egress.Filter
 }
 
 // FromSpec returns the network of a CRI sandbox container's spec, or nil
@@ -101,7 +114,11 @@ func FromSpec(spec *specs.Spec, log *logrus.Entry) (*Network, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Network{NetNS: path, DNS: dns, Log: log.WithField("netns", path)}, nil
+	initial, err := policyFromAnnotations(spec.Annotations)
+	if err != nil {
+		return nil, err
+	}
+	return &Network{NetNS: path, DNS: dns, Initial: initial, Log: log.WithField("netns", path)}, nil
 }
 
 // inNetns runs f on a locked OS thread inside the network namespace at
@@ -151,6 +168,7 @@ func (n *Network) Attach(ctx context.Context) (sandbox.NetworkAttachment, error)
 		return sandbox.NetworkAttachment{}, fmt.Errorf("pod network %s already attached: %w", n.NetNS, errdefs.ErrAlreadyExists)
 	}
 	var res sandbox.NetworkAttachment
+	peerIndex := 0
 	err := inNetns(n.NetNS, func() error {
 		cni, err := findCNILink()
 		if err != nil {
@@ -165,6 +183,9 @@ func (n *Network) Attach(ctx context.Context) (sandbox.NetworkAttachment, error)
 			return err
 		}
 		a := &attachment{cniIndex: cni.Attrs().Index, cniName: cni.Attrs().Name, tapIndex: tapLink.Attrs().Index}
+		if cni.Type() == "veth" {
+			peerIndex = cni.Attrs().ParentIndex
+		}
 		if err := redirect(a); err != nil {
 			unredirect(a)
 			tap.Close() // the tap is not persistent: it goes with its last fd
@@ -177,6 +198,23 @@ func (n *Network) Attach(ctx context.Context) (sandbox.NetworkAttachment, error)
 	})
 	if err != nil {
 		return sandbox.NetworkAttachment{}, fmt.Errorf("connect the VM to the pod network in %s: %w", n.NetNS, err)
+	}
+	// In the shim's namespace, not the pod's: the veth's peer.
+	if n.attached.hostEnd, err = n.findHostEnd(peerIndex, n.attached.cniIndex); err != nil {
+		n.attached.hostEndErr = err
+		n.Log.WithError(err).Warn("the host's end of the pod's link not found: egress policies cannot be set")
+	}
+	n.logHostEnd(n.attached)
+	// Ordering: the annotations' policy holds before the VMM starts (Attach
+	// returns to it), so the VM's first frame meets it.
+	if err := n.applyInitialPolicy(); err != nil {
+		a := n.attached
+		n.attached = nil
+		closeTap(res)
+		if uerr := inNetns(n.NetNS, func() error { unredirect(a); return deleteTap(a.tapIndex) }); uerr != nil {
+			n.Log.WithError(uerr).Warn("undo the pod network attach")
+		}
+		return sandbox.NetworkAttachment{}, fmt.Errorf("egress policy of pod network %s from the annotations: %w", n.NetNS, err)
 	}
 	g := res.Guest.Interfaces[0]
 	n.Log.WithFields(logrus.Fields{"interface": g.Name, "mac": g.MAC, "mtu": g.MTU, "addresses": fmt.Sprint(g.Addresses),
@@ -195,6 +233,9 @@ func (n *Network) Detach(ctx context.Context) error {
 		return nil
 	}
 	n.attached = nil
+	// Ordering: the rules on the host's end go first: they are the host's,
+	// and outlive the pod's namespace otherwise.
+	n.removeEgress(a)
 	err := inNetns(n.NetNS, func() error {
 		unredirect(a)
 		return deleteTap(a.tapIndex)
@@ -207,6 +248,15 @@ func (n *Network) Detach(ctx context.Context) error {
 	}
 	n.Log.WithField("interface", a.cniName).Info("pod network detached")
 	return nil
+}
+
+// closeTap closes the tap fds of an attachment Attach will not return.
+func closeTap(res sandbox.NetworkAttachment) {
+	for _, nic := range res.NICs {
+		if nic.Tap != nil {
+			nic.Tap.Close()
+		}
+	}
 }
 
 // macString formats a MAC as cube-vmm and the agent take it.

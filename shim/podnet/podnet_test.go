@@ -11,14 +11,18 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/google/nftables"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/sirupsen/logrus"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/cube-runtime/cube/shim/egress"
 )
 
 func TestParseResolvConf(t *testing.T) {
@@ -126,8 +130,11 @@ func (n *nsThread) do(t *testing.T, f func() error) {
 // comes out of the tap fd the VMM would read, and a frame written to the tap
 // fd reaches the peer; the guest description is the veth's. Detach removes
 // the qdiscs, and closing the fd the tap.
-func TestAttachRedirects(t *testing.T) {
-	pod, peer := newNSThread(t), newNSThread(t)
+// podVeth makes, as CNI's bridge plugin would, eth0 (10.99.0.5/24, MTU
+// 1450, default via 10.99.0.1) in pod with its peer peer0 (up) in peer,
+// and returns eth0's MAC and peer0's index.
+func podVeth(t *testing.T, pod, peer *nsThread) (string, int) {
+	t.Helper()
 	var podMAC string
 	pod.do(t, func() error {
 		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0", MTU: 1450}, PeerName: "peer0"}); err != nil {
@@ -162,7 +169,16 @@ func TestAttachRedirects(t *testing.T) {
 		return netlink.LinkSetUp(p)
 	})
 
-	n := &Network{NetNS: pod.path, Log: logrus.NewEntry(logrus.New())}
+	return podMAC, peerIdx
+}
+
+func TestAttachRedirects(t *testing.T) {
+	pod, peer := newNSThread(t), newNSThread(t)
+	podMAC, peerIdx := podVeth(t, pod, peer)
+	n := &Network{NetNS: pod.path, HostNetNS: peer.path, Log: logrus.NewEntry(logrus.New())}
+	if err := n.SetEgressPolicy(context.Background(), egress.Open()); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("egress policy before Attach: %v, want FailedPrecondition", err)
+	}
 	att, err := n.Attach(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -202,6 +218,7 @@ func TestAttachRedirects(t *testing.T) {
 	if !bytes.Contains(got, []byte("vm→peer")) {
 		t.Errorf("frame written to the tap did not reach the peer: %x", got)
 	}
+	checkEgress(t, n, tap, peer, peerIdx)
 
 	if err := n.Detach(context.Background()); err != nil {
 		t.Fatal(err)
@@ -226,6 +243,62 @@ func TestAttachRedirects(t *testing.T) {
 	})
 	if err := n.Detach(context.Background()); err != nil {
 		t.Errorf("second Detach: %v", err)
+	}
+	peer.do(t, func() error {
+		c, err := nftables.New()
+		if err != nil {
+			return err
+		}
+		if _, err := c.ListTableOfFamily(egress.TableName("peer0"), nftables.TableFamilyNetdev); !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("egress table after Detach: %v, want none", err)
+		}
+		return nil
+	})
+}
+
+// checkEgress: the VM's frames cross the host's end of the link (peer0,
+// found as the veth's peer in the host namespace), where a policy without
+// internet access drops a frame the VM writes to the tap (neither ARP nor
+// IP: the non-ip rule) and counts it; an open policy lets it through again.
+func checkEgress(t *testing.T, n *Network, tap *os.File, peer *nsThread, peerIdx int) {
+	t.Helper()
+	ctx := context.Background()
+	if err := n.SetEgressPolicy(ctx, egress.Policy{}); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	peer.do(t, func() error {
+		s, serr := rawSocket(peerIdx)
+		if serr != nil {
+			return serr
+		}
+		defer unix.Close(s)
+		tv := unix.Timeval{Sec: 1}
+		unix.SetsockoptTimeval(s, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+		if _, werr := tap.Write(append(make([]byte, 10), testFrame("ff:ff:ff:ff:ff:ff", "vm→denied")...)); werr != nil {
+			return werr
+		}
+		_, err = recvUntil(s, "vm→denied")
+		return nil
+	})
+	if err == nil {
+		t.Error("a frame the policy drops reached the peer")
+	}
+	st, serr := n.EgressStatus(ctx)
+	if serr != nil {
+		t.Fatal(serr)
+	}
+	dropped := uint64(0)
+	for _, c := range st.Counters {
+		if c.Action == egress.ActionNonIP {
+			dropped = c.Packets
+		}
+	}
+	if st.Device != "peer0" || dropped == 0 {
+		t.Errorf("egress status %+v: want device peer0 and the dropped frame counted", st)
+	}
+	if err := n.SetEgressPolicy(ctx, egress.Open()); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -317,5 +390,98 @@ func readTap(tap *os.File, marker string) ([]byte, error) {
 		if bytes.Contains(buf[:n], []byte(marker)) {
 			return buf[:n], nil
 		}
+	}
+}
+
+// TestAttachInitialPolicy: the annotations' policy is in force when Attach
+// returns (before any SetEgressPolicy: the VM's first frame meets it); a
+// policy that cannot be enforced (no veth peer in the host namespace)
+// fails Attach and leaves no tap.
+func TestAttachInitialPolicy(t *testing.T) {
+	pod, peer := newNSThread(t), newNSThread(t)
+	_, peerIdx := podVeth(t, pod, peer)
+	initial, err := policyFromAnnotations(map[string]string{AnnotationAllowInternet: "false", AnnotationAllowOut: "10.99.0.1, 192.0.2.0/24"})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The host namespace given is the pod's own: peer0 is not there.
+	n := &Network{NetNS: pod.path, HostNetNS: pod.path, Initial: initial, Log: logrus.NewEntry(logrus.New())}
+	if _, err := n.Attach(context.Background()); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("a policy without a host end: %v, want FailedPrecondition", err)
+	}
+	pod.do(t, func() error {
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			l, err := netlink.LinkByName("eth0")
+			if err != nil {
+				return err
+			}
+			var qs []netlink.Qdisc
+			all, _ := netlink.QdiscList(l)
+			for _, q := range all {
+				if q.Type() == "ingress" {
+					qs = append(qs, q)
+				}
+			}
+			_, terr := netlink.LinkByName(TapName)
+			if terr != nil && len(qs) == 0 {
+				return nil
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("after a failed Attach: tap %v, qdiscs on eth0 %v", terr == nil, qs)
+			}
+		}
+	})
+
+	n = &Network{NetNS: pod.path, HostNetNS: peer.path, Initial: initial, Log: logrus.NewEntry(logrus.New())}
+	att, err := n.Attach(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tap := att.NICs[0].Tap
+	defer tap.Close()
+	defer n.Detach(context.Background())
+	st, err := n.EgressStatus(context.Background())
+	if err != nil || !st.Policy.Equal(*initial) || st.Device != "peer0" || len(st.Counters) == 0 {
+		t.Fatalf("status right after Attach: %+v %v, want the annotations' policy on peer0", st, err)
+	}
+	peer.do(t, func() error {
+		s, err := rawSocket(peerIdx)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(s)
+		tv := unix.Timeval{Sec: 1}
+		unix.SetsockoptTimeval(s, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+		if _, err := tap.Write(append(make([]byte, 10), testFrame("ff:ff:ff:ff:ff:ff", "first-frame")...)); err != nil {
+			return err
+		}
+		if _, err := recvUntil(s, "first-frame"); err == nil {
+			return fmt.Errorf("the VM's first frame passed a policy that drops it")
+		}
+		return nil
+	})
+}
+
+func TestPolicyFromAnnotations(t *testing.T) {
+	if p, err := policyFromAnnotations(map[string]string{"other": "x"}); p != nil || err != nil {
+		t.Errorf("no annotations: %v %v", p, err)
+	}
+	p, err := policyFromAnnotations(map[string]string{AnnotationDenyOut: "192.0.2.0/24,,198.51.100.7"})
+	if err != nil || !p.AllowInternet || len(p.DenyOut) != 2 || p.DenyOut[1].String() != "198.51.100.7/32" {
+		t.Errorf("deny-out: %v %v", p, err)
+	}
+	for _, a := range []map[string]string{
+		{AnnotationAllowInternet: "no"},
+		{AnnotationAllowOut: "10.0.0.0/8,10.0.0.0/40"},
+	} {
+		_, err := policyFromAnnotations(a)
+		if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "io.cube.network.") {
+			t.Errorf("%v: %v, want an invalid-argument error naming the annotation", a, err)
+		}
+	}
+	_, err = policyFromAnnotations(map[string]string{AnnotationAllowOut: "10.0.0.0/8,10.0.0.0/40"})
+	if err == nil || !strings.Contains(err.Error(), "allow_out[1]") {
+		t.Errorf("bad allow-out entry: %v, want it named", err)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/cube-runtime/cube/guest-agent/protocol"
+	"github.com/cube-runtime/cube/shim/egress"
 )
 
 // NIC is one virtio-net device of the VM: an attached tap the VMM inherits
@@ -165,3 +166,24 @@ func validateNIC(i int, n NIC) error {
 // HasNetwork reports whether the VM has a network from the host (a NIC the
 // agent configured in the guest's initial network namespace).
 func (s *Sandbox) HasNetwork() bool { return s.o.Network != nil }
+
+// EgressNetwork is a Network whose VM's outgoing traffic the host filters
+// by a policy (shim/egress; shim/podnet implements it).
+type EgressNetwork interface {
+	SetEgressPolicy(ctx context.Context, p egress.Policy) error
+	EgressStatus(ctx context.Context) (egress.Status, error)
+}
+
+// Egress returns the sandbox's network for its egress policy; a sandbox on
+// the host's network (none of its own) has none to filter.
+func (s *Sandbox) Egress() (EgressNetwork, error) {
+	if s.o.Network == nil {
+		return nil, fmt.Errorf("sandbox %s has no network of its own (it uses the host's: a host-network pod, a plain `ctr run`): there is no link of its own to filter: %w",
+			s.o.ID, errdefs.ErrFailedPrecondition)
+	}
+	en, ok := s.o.Network.(EgressNetwork)
+	if !ok {
+		return nil, fmt.Errorf("sandbox %s: its network (%T) cannot take an egress policy: %w", s.o.ID, s.o.Network, errdefs.ErrFailedPrecondition)
+	}
+	return en, nil
+}

@@ -1325,6 +1325,311 @@ func (*SignalResponse) Descriptor() ([]byte, []int) {
 	return file_snapshot_proto_rawDescGZIP(), []int{17}
 }
 
+// NetworkPolicy is a sandbox's egress policy. First match wins: a destination
+// in allow_out is allowed, then one in deny_out dropped, then, without
+// internet access, every other IPv4 and IPv6 packet dropped.
+type NetworkPolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// allow_internet_access false drops what allow_out does not name;
+	// unset is true.
+	AllowInternetAccess *bool `protobuf:"varint,1,opt,name=allow_internet_access,json=allowInternetAccess,proto3,oneof" json:"allow_internet_access,omitempty"`
+	// CIDRs (10.0.0.0/8, 2001:db8::/32) or addresses; at most 256 each.
+	AllowOut      []string `protobuf:"bytes,2,rep,name=allow_out,json=allowOut,proto3" json:"allow_out,omitempty"`
+	DenyOut       []string `protobuf:"bytes,3,rep,name=deny_out,json=denyOut,proto3" json:"deny_out,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkPolicy) Reset() {
+	*x = NetworkPolicy{}
+	mi := &file_snapshot_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkPolicy) ProtoMessage() {}
+
+func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_snapshot_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkPolicy.ProtoReflect.Descriptor instead.
+func (*NetworkPolicy) Descriptor() ([]byte, []int) {
+	return file_snapshot_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *NetworkPolicy) GetAllowInternetAccess() bool {
+	if x != nil && x.AllowInternetAccess != nil {
+		return *x.AllowInternetAccess
+	}
+	return false
+}
+
+func (x *NetworkPolicy) GetAllowOut() []string {
+	if x != nil {
+		return x.AllowOut
+	}
+	return nil
+}
+
+func (x *NetworkPolicy) GetDenyOut() []string {
+	if x != nil {
+		return x.DenyOut
+	}
+	return nil
+}
+
+type SetNetworkPolicyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// container_id is any container of the sandbox.
+	ContainerId string `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	// policy replaces the sandbox's (unset: everything allowed).
+	Policy        *NetworkPolicy `protobuf:"bytes,2,opt,name=policy,proto3" json:"policy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetNetworkPolicyRequest) Reset() {
+	*x = SetNetworkPolicyRequest{}
+	mi := &file_snapshot_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetNetworkPolicyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetNetworkPolicyRequest) ProtoMessage() {}
+
+func (x *SetNetworkPolicyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_snapshot_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetNetworkPolicyRequest.ProtoReflect.Descriptor instead.
+func (*SetNetworkPolicyRequest) Descriptor() ([]byte, []int) {
+	return file_snapshot_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *SetNetworkPolicyRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *SetNetworkPolicyRequest) GetPolicy() *NetworkPolicy {
+	if x != nil {
+		return x.Policy
+	}
+	return nil
+}
+
+type GetNetworkPolicyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetNetworkPolicyRequest) Reset() {
+	*x = GetNetworkPolicyRequest{}
+	mi := &file_snapshot_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetNetworkPolicyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetNetworkPolicyRequest) ProtoMessage() {}
+
+func (x *GetNetworkPolicyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_snapshot_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetNetworkPolicyRequest.ProtoReflect.Descriptor instead.
+func (*GetNetworkPolicyRequest) Descriptor() ([]byte, []int) {
+	return file_snapshot_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *GetNetworkPolicyRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+type NetworkPolicyResponse struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// policy as applied (CIDRs normalized: host bits cleared, duplicates dropped).
+	Policy *NetworkPolicy `protobuf:"bytes,2,opt,name=policy,proto3" json:"policy,omitempty"`
+	// device is the host interface whose ingress the rules filter.
+	Device string `protobuf:"bytes,3,opt,name=device,proto3" json:"device,omitempty"`
+	// counters of the rules since the policy was last set (none for an open policy).
+	Counters      []*NetworkRuleCounter `protobuf:"bytes,4,rep,name=counters,proto3" json:"counters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkPolicyResponse) Reset() {
+	*x = NetworkPolicyResponse{}
+	mi := &file_snapshot_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkPolicyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkPolicyResponse) ProtoMessage() {}
+
+func (x *NetworkPolicyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_snapshot_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkPolicyResponse.ProtoReflect.Descriptor instead.
+func (*NetworkPolicyResponse) Descriptor() ([]byte, []int) {
+	return file_snapshot_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *NetworkPolicyResponse) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *NetworkPolicyResponse) GetPolicy() *NetworkPolicy {
+	if x != nil {
+		return x.Policy
+	}
+	return nil
+}
+
+func (x *NetworkPolicyResponse) GetDevice() string {
+	if x != nil {
+		return x.Device
+	}
+	return ""
+}
+
+func (x *NetworkPolicyResponse) GetCounters() []*NetworkRuleCounter {
+	if x != nil {
+		return x.Counters
+	}
+	return nil
+}
+
+type NetworkRuleCounter struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// allow, deny (deny_out), no-internet, non-ip (frames neither ARP, IPv4 nor IPv6)
+	Action string `protobuf:"bytes,1,opt,name=action,proto3" json:"action,omitempty"`
+	// cidr the rule matches (empty for non-ip)
+	Cidr          string `protobuf:"bytes,2,opt,name=cidr,proto3" json:"cidr,omitempty"`
+	Packets       uint64 `protobuf:"varint,3,opt,name=packets,proto3" json:"packets,omitempty"`
+	Bytes         uint64 `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkRuleCounter) Reset() {
+	*x = NetworkRuleCounter{}
+	mi := &file_snapshot_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkRuleCounter) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkRuleCounter) ProtoMessage() {}
+
+func (x *NetworkRuleCounter) ProtoReflect() protoreflect.Message {
+	mi := &file_snapshot_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkRuleCounter.ProtoReflect.Descriptor instead.
+func (*NetworkRuleCounter) Descriptor() ([]byte, []int) {
+	return file_snapshot_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *NetworkRuleCounter) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+func (x *NetworkRuleCounter) GetCidr() string {
+	if x != nil {
+		return x.Cidr
+	}
+	return ""
+}
+
+func (x *NetworkRuleCounter) GetPackets() uint64 {
+	if x != nil {
+		return x.Packets
+	}
+	return 0
+}
+
+func (x *NetworkRuleCounter) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
 var File_snapshot_proto protoreflect.FileDescriptor
 
 const file_snapshot_proto_rawDesc = "" +
@@ -1429,14 +1734,37 @@ const file_snapshot_proto_rawDesc = "" +
 	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x16\n" +
 	"\x06signal\x18\x03 \x01(\rR\x06signal\x12\x10\n" +
 	"\x03all\x18\x04 \x01(\bR\x03all\"\x10\n" +
-	"\x0eSignalResponse2\xf7\x03\n" +
+	"\x0eSignalResponse\"\x9a\x01\n" +
+	"\rNetworkPolicy\x127\n" +
+	"\x15allow_internet_access\x18\x01 \x01(\bH\x00R\x13allowInternetAccess\x88\x01\x01\x12\x1b\n" +
+	"\tallow_out\x18\x02 \x03(\tR\ballowOut\x12\x19\n" +
+	"\bdeny_out\x18\x03 \x03(\tR\adenyOutB\x18\n" +
+	"\x16_allow_internet_access\"u\n" +
+	"\x17SetNetworkPolicyRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x127\n" +
+	"\x06policy\x18\x02 \x01(\v2\x1f.cube.snapshot.v1.NetworkPolicyR\x06policy\"<\n" +
+	"\x17GetNetworkPolicyRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\"\xc9\x01\n" +
+	"\x15NetworkPolicyResponse\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x127\n" +
+	"\x06policy\x18\x02 \x01(\v2\x1f.cube.snapshot.v1.NetworkPolicyR\x06policy\x12\x16\n" +
+	"\x06device\x18\x03 \x01(\tR\x06device\x12@\n" +
+	"\bcounters\x18\x04 \x03(\v2$.cube.snapshot.v1.NetworkRuleCounterR\bcounters\"p\n" +
+	"\x12NetworkRuleCounter\x12\x16\n" +
+	"\x06action\x18\x01 \x01(\tR\x06action\x12\x12\n" +
+	"\x04cidr\x18\x02 \x01(\tR\x04cidr\x12\x18\n" +
+	"\apackets\x18\x03 \x01(\x04R\apackets\x12\x14\n" +
+	"\x05bytes\x18\x04 \x01(\x04R\x05bytes2\xc7\x05\n" +
 	"\tSnapshots\x12Q\n" +
 	"\bSnapshot\x12!.cube.snapshot.v1.SnapshotRequest\x1a\".cube.snapshot.v1.SnapshotResponse\x12E\n" +
 	"\x04List\x12\x1d.cube.snapshot.v1.ListRequest\x1a\x1e.cube.snapshot.v1.ListResponse\x12N\n" +
 	"\aInspect\x12 .cube.snapshot.v1.InspectRequest\x1a!.cube.snapshot.v1.InspectResponse\x12Q\n" +
 	"\bRollback\x12!.cube.snapshot.v1.RollbackRequest\x1a\".cube.snapshot.v1.RollbackResponse\x12`\n" +
 	"\rListProcesses\x12&.cube.snapshot.v1.ListProcessesRequest\x1a'.cube.snapshot.v1.ListProcessesResponse\x12K\n" +
-	"\x06Signal\x12\x1f.cube.snapshot.v1.SignalRequest\x1a .cube.snapshot.v1.SignalResponseB;Z9github.com/cube-runtime/cube/shim/snapshotapi;snapshotapib\x06proto3"
+	"\x06Signal\x12\x1f.cube.snapshot.v1.SignalRequest\x1a .cube.snapshot.v1.SignalResponse\x12f\n" +
+	"\x10SetNetworkPolicy\x12).cube.snapshot.v1.SetNetworkPolicyRequest\x1a'.cube.snapshot.v1.NetworkPolicyResponse\x12f\n" +
+	"\x10GetNetworkPolicy\x12).cube.snapshot.v1.GetNetworkPolicyRequest\x1a'.cube.snapshot.v1.NetworkPolicyResponseB;Z9github.com/cube-runtime/cube/shim/snapshotapi;snapshotapib\x06proto3"
 
 var (
 	file_snapshot_proto_rawDescOnce sync.Once
@@ -1450,26 +1778,31 @@ func file_snapshot_proto_rawDescGZIP() []byte {
 	return file_snapshot_proto_rawDescData
 }
 
-var file_snapshot_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_snapshot_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_snapshot_proto_goTypes = []any{
-	(*SnapshotRequest)(nil),       // 0: cube.snapshot.v1.SnapshotRequest
-	(*SnapshotResponse)(nil),      // 1: cube.snapshot.v1.SnapshotResponse
-	(*ListRequest)(nil),           // 2: cube.snapshot.v1.ListRequest
-	(*ListResponse)(nil),          // 3: cube.snapshot.v1.ListResponse
-	(*InspectRequest)(nil),        // 4: cube.snapshot.v1.InspectRequest
-	(*InspectResponse)(nil),       // 5: cube.snapshot.v1.InspectResponse
-	(*Snapshot)(nil),              // 6: cube.snapshot.v1.Snapshot
-	(*Timings)(nil),               // 7: cube.snapshot.v1.Timings
-	(*Sizes)(nil),                 // 8: cube.snapshot.v1.Sizes
-	(*RollbackRequest)(nil),       // 9: cube.snapshot.v1.RollbackRequest
-	(*RollbackResponse)(nil),      // 10: cube.snapshot.v1.RollbackResponse
-	(*RollbackTimings)(nil),       // 11: cube.snapshot.v1.RollbackTimings
-	(*ProcessChange)(nil),         // 12: cube.snapshot.v1.ProcessChange
-	(*ListProcessesRequest)(nil),  // 13: cube.snapshot.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil), // 14: cube.snapshot.v1.ListProcessesResponse
-	(*GuestProcess)(nil),          // 15: cube.snapshot.v1.GuestProcess
-	(*SignalRequest)(nil),         // 16: cube.snapshot.v1.SignalRequest
-	(*SignalResponse)(nil),        // 17: cube.snapshot.v1.SignalResponse
+	(*SnapshotRequest)(nil),         // 0: cube.snapshot.v1.SnapshotRequest
+	(*SnapshotResponse)(nil),        // 1: cube.snapshot.v1.SnapshotResponse
+	(*ListRequest)(nil),             // 2: cube.snapshot.v1.ListRequest
+	(*ListResponse)(nil),            // 3: cube.snapshot.v1.ListResponse
+	(*InspectRequest)(nil),          // 4: cube.snapshot.v1.InspectRequest
+	(*InspectResponse)(nil),         // 5: cube.snapshot.v1.InspectResponse
+	(*Snapshot)(nil),                // 6: cube.snapshot.v1.Snapshot
+	(*Timings)(nil),                 // 7: cube.snapshot.v1.Timings
+	(*Sizes)(nil),                   // 8: cube.snapshot.v1.Sizes
+	(*RollbackRequest)(nil),         // 9: cube.snapshot.v1.RollbackRequest
+	(*RollbackResponse)(nil),        // 10: cube.snapshot.v1.RollbackResponse
+	(*RollbackTimings)(nil),         // 11: cube.snapshot.v1.RollbackTimings
+	(*ProcessChange)(nil),           // 12: cube.snapshot.v1.ProcessChange
+	(*ListProcessesRequest)(nil),    // 13: cube.snapshot.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),   // 14: cube.snapshot.v1.ListProcessesResponse
+	(*GuestProcess)(nil),            // 15: cube.snapshot.v1.GuestProcess
+	(*SignalRequest)(nil),           // 16: cube.snapshot.v1.SignalRequest
+	(*SignalResponse)(nil),          // 17: cube.snapshot.v1.SignalResponse
+	(*NetworkPolicy)(nil),           // 18: cube.snapshot.v1.NetworkPolicy
+	(*SetNetworkPolicyRequest)(nil), // 19: cube.snapshot.v1.SetNetworkPolicyRequest
+	(*GetNetworkPolicyRequest)(nil), // 20: cube.snapshot.v1.GetNetworkPolicyRequest
+	(*NetworkPolicyResponse)(nil),   // 21: cube.snapshot.v1.NetworkPolicyResponse
+	(*NetworkRuleCounter)(nil),      // 22: cube.snapshot.v1.NetworkRuleCounter
 }
 var file_snapshot_proto_depIdxs = []int32{
 	6,  // 0: cube.snapshot.v1.SnapshotResponse.snapshot:type_name -> cube.snapshot.v1.Snapshot
@@ -1480,23 +1813,30 @@ var file_snapshot_proto_depIdxs = []int32{
 	11, // 5: cube.snapshot.v1.RollbackResponse.timings:type_name -> cube.snapshot.v1.RollbackTimings
 	12, // 6: cube.snapshot.v1.RollbackResponse.processes:type_name -> cube.snapshot.v1.ProcessChange
 	15, // 7: cube.snapshot.v1.ListProcessesResponse.processes:type_name -> cube.snapshot.v1.GuestProcess
-	0,  // 8: cube.snapshot.v1.Snapshots.Snapshot:input_type -> cube.snapshot.v1.SnapshotRequest
-	2,  // 9: cube.snapshot.v1.Snapshots.List:input_type -> cube.snapshot.v1.ListRequest
-	4,  // 10: cube.snapshot.v1.Snapshots.Inspect:input_type -> cube.snapshot.v1.InspectRequest
-	9,  // 11: cube.snapshot.v1.Snapshots.Rollback:input_type -> cube.snapshot.v1.RollbackRequest
-	13, // 12: cube.snapshot.v1.Snapshots.ListProcesses:input_type -> cube.snapshot.v1.ListProcessesRequest
-	16, // 13: cube.snapshot.v1.Snapshots.Signal:input_type -> cube.snapshot.v1.SignalRequest
-	1,  // 14: cube.snapshot.v1.Snapshots.Snapshot:output_type -> cube.snapshot.v1.SnapshotResponse
-	3,  // 15: cube.snapshot.v1.Snapshots.List:output_type -> cube.snapshot.v1.ListResponse
-	5,  // 16: cube.snapshot.v1.Snapshots.Inspect:output_type -> cube.snapshot.v1.InspectResponse
-	10, // 17: cube.snapshot.v1.Snapshots.Rollback:output_type -> cube.snapshot.v1.RollbackResponse
-	14, // 18: cube.snapshot.v1.Snapshots.ListProcesses:output_type -> cube.snapshot.v1.ListProcessesResponse
-	17, // 19: cube.snapshot.v1.Snapshots.Signal:output_type -> cube.snapshot.v1.SignalResponse
-	14, // [14:20] is the sub-list for method output_type
-	8,  // [8:14] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	18, // 8: cube.snapshot.v1.SetNetworkPolicyRequest.policy:type_name -> cube.snapshot.v1.NetworkPolicy
+	18, // 9: cube.snapshot.v1.NetworkPolicyResponse.policy:type_name -> cube.snapshot.v1.NetworkPolicy
+	22, // 10: cube.snapshot.v1.NetworkPolicyResponse.counters:type_name -> cube.snapshot.v1.NetworkRuleCounter
+	0,  // 11: cube.snapshot.v1.Snapshots.Snapshot:input_type -> cube.snapshot.v1.SnapshotRequest
+	2,  // 12: cube.snapshot.v1.Snapshots.List:input_type -> cube.snapshot.v1.ListRequest
+	4,  // 13: cube.snapshot.v1.Snapshots.Inspect:input_type -> cube.snapshot.v1.InspectRequest
+	9,  // 14: cube.snapshot.v1.Snapshots.Rollback:input_type -> cube.snapshot.v1.RollbackRequest
+	13, // 15: cube.snapshot.v1.Snapshots.ListProcesses:input_type -> cube.snapshot.v1.ListProcessesRequest
+	16, // 16: cube.snapshot.v1.Snapshots.Signal:input_type -> cube.snapshot.v1.SignalRequest
+	19, // 17: cube.snapshot.v1.Snapshots.SetNetworkPolicy:input_type -> cube.snapshot.v1.SetNetworkPolicyRequest
+	20, // 18: cube.snapshot.v1.Snapshots.GetNetworkPolicy:input_type -> cube.snapshot.v1.GetNetworkPolicyRequest
+	1,  // 19: cube.snapshot.v1.Snapshots.Snapshot:output_type -> cube.snapshot.v1.SnapshotResponse
+	3,  // 20: cube.snapshot.v1.Snapshots.List:output_type -> cube.snapshot.v1.ListResponse
+	5,  // 21: cube.snapshot.v1.Snapshots.Inspect:output_type -> cube.snapshot.v1.InspectResponse
+	10, // 22: cube.snapshot.v1.Snapshots.Rollback:output_type -> cube.snapshot.v1.RollbackResponse
+	14, // 23: cube.snapshot.v1.Snapshots.ListProcesses:output_type -> cube.snapshot.v1.ListProcessesResponse
+	17, // 24: cube.snapshot.v1.Snapshots.Signal:output_type -> cube.snapshot.v1.SignalResponse
+	21, // 25: cube.snapshot.v1.Snapshots.SetNetworkPolicy:output_type -> cube.snapshot.v1.NetworkPolicyResponse
+	21, // 26: cube.snapshot.v1.Snapshots.GetNetworkPolicy:output_type -> cube.snapshot.v1.NetworkPolicyResponse
+	19, // [19:27] is the sub-list for method output_type
+	11, // [11:19] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_snapshot_proto_init() }
@@ -1504,13 +1844,14 @@ func file_snapshot_proto_init() {
 	if File_snapshot_proto != nil {
 		return
 	}
+	file_snapshot_proto_msgTypes[18].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_snapshot_proto_rawDesc), len(file_snapshot_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -14,6 +14,8 @@ type SnapshotsService interface {
 	Rollback(context.Context, *RollbackRequest) (*RollbackResponse, error)
 	ListProcesses(context.Context, *ListProcessesRequest) (*ListProcessesResponse, error)
 	Signal(context.Context, *SignalRequest) (*SignalResponse, error)
+	SetNetworkPolicy(context.Context, *SetNetworkPolicyRequest) (*NetworkPolicyResponse, error)
+	GetNetworkPolicy(context.Context, *GetNetworkPolicyRequest) (*NetworkPolicyResponse, error)
 }
 
 func RegisterSnapshotsService(srv *ttrpc.Server, svc SnapshotsService) {
@@ -60,6 +62,20 @@ func RegisterSnapshotsService(srv *ttrpc.Server, svc SnapshotsService) {
 					return nil, err
 				}
 				return svc.Signal(ctx, &req)
+			},
+			"SetNetworkPolicy": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req SetNetworkPolicyRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.SetNetworkPolicy(ctx, &req)
+			},
+			"GetNetworkPolicy": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req GetNetworkPolicyRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.GetNetworkPolicy(ctx, &req)
 			},
 		},
 	})
@@ -118,6 +134,22 @@ func (c *snapshotsClient) ListProcesses(ctx context.Context, req *ListProcessesR
 func (c *snapshotsClient) Signal(ctx context.Context, req *SignalRequest) (*SignalResponse, error) {
 	var resp SignalResponse
 	if err := c.client.Call(ctx, "cube.snapshot.v1.Snapshots", "Signal", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *snapshotsClient) SetNetworkPolicy(ctx context.Context, req *SetNetworkPolicyRequest) (*NetworkPolicyResponse, error) {
+	var resp NetworkPolicyResponse
+	if err := c.client.Call(ctx, "cube.snapshot.v1.Snapshots", "SetNetworkPolicy", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *snapshotsClient) GetNetworkPolicy(ctx context.Context, req *GetNetworkPolicyRequest) (*NetworkPolicyResponse, error) {
+	var resp NetworkPolicyResponse
+	if err := c.client.Call(ctx, "cube.snapshot.v1.Snapshots", "GetNetworkPolicy", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

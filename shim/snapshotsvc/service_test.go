@@ -44,14 +44,17 @@ type harness struct {
 
 // newHarness serves the service over a real ttrpc socket, on a fake VM
 // running containers c1 and c2.
-func newHarness(t *testing.T) *harness {
+func newHarness(t *testing.T) *harness { return newNetHarness(t, nil) }
+
+// newNetHarness is newHarness with a sandbox network (nil: none).
+func newNetHarness(t *testing.T, network sandbox.Network) *harness {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
 	h := &harness{ctx: ctx, agent: sandboxtest.NewAgent(), dir: t.TempDir()}
 	h.vmm = sandboxtest.NewVMM(h.agent)
 	sb, err := sandbox.New(sandbox.Options{ID: "sb1", Dir: filepath.Join(t.TempDir(), "sb"), DiskSlots: 2,
-		VMM: h.vmm, Dial: sandboxtest.Dialer(h.agent), BootTimeout: time.Second})
+		VMM: h.vmm, Dial: sandboxtest.Dialer(h.agent), BootTimeout: time.Second, Network: network})
 	if err != nil {
 		t.Fatal(err)
 	}

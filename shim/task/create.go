@@ -253,7 +253,7 @@ func (s *Service) ensureSandbox(ctx context.Context, req *taskAPI.CreateTaskRequ
 	if err != nil {
 		return nil, false, err
 	}
-	if sb, err = s.o.NewSandbox(ctx, sandboxID, cfg, spec); err != nil {
+	if sb, err = s.o.NewSandbox(ctx, sandboxID, cfg, spec, req.Bundle); err != nil {
 		return nil, false, fmt.Errorf("sandbox %s: %w", sandboxID, err)
 	}
 	if err := sb.Start(ctx, image, req.ID); err != nil {

@@ -47,4 +47,19 @@ func TestGuestSpecPodNetwork(t *testing.T) {
 	if ns := namespaces(out); len(ns) != 2 || ns[1].Type != specs.NetworkNamespace || ns[1].Path != "" {
 		t.Errorf("sandbox container without a NIC: namespaces %+v, want a fresh network namespace", ns)
 	}
+	// A new namespace (ctr/nerdctl with network hooks): with a NIC it is the guest's; without, it stays new.
+	out, err = guestSpec(context.Background(), spec(""), specEnv{containerID: "c1", vmmPid: 42, guestNetwork: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ns := namespaces(out); len(ns) != 1 || ns[0].Type != specs.PIDNamespace {
+		t.Errorf("hook-networked container: namespaces %+v, want the network one dropped (the guest's, with the NIC)", ns)
+	}
+	out, err = guestSpec(context.Background(), spec(""), specEnv{containerID: "c1", vmmPid: 42})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ns := namespaces(out); len(ns) != 2 || ns[1].Type != specs.NetworkNamespace || ns[1].Path != "" {
+		t.Errorf("container without a NIC: namespaces %+v, want its own new network namespace", ns)
+	}
 }

@@ -199,8 +199,9 @@ func (s *Service) translateSpec(ctx context.Context, sb *sandbox.Sandbox, id, sa
 	return guestSpec(ctx, raw, env)
 }
 
-// shareGuestNetwork drops a host network namespace path (CNI's) from nss
-// when the VM has the pod's network: the agent configured the NIC in the
+// shareGuestNetwork drops a host network namespace path (CNI's), or a new
+// namespace (the hooks' one, see below), from nss when the VM has the pod's
+// network: the agent configured the NIC in the
 // guest's initial network namespace, so the sandbox container stays in it
 // (as a host-network pod's does) and the pod's other containers, which join
 // the sandbox container's namespace (/proc/<VMM pid>/ns/net), share it.
@@ -211,7 +212,11 @@ func shareGuestNetwork(nss []specs.LinuxNamespace, env specEnv) []specs.LinuxNam
 		return nss
 	}
 	return slices.DeleteFunc(nss, func(ns specs.LinuxNamespace) bool {
-		if ns.Type != specs.NetworkNamespace || ns.Path == "" || procNSPath.MatchString(ns.Path) {
+		// A new namespace (no path) in a VM with a network is the one the
+		// network hooks were given on the host (podnet.HookNetwork): the
+		// container gets the guest's, where its NIC is. (A CRI pod's
+		// containers with a network name a path: CNI's or the sandbox's.)
+		if ns.Type != specs.NetworkNamespace || procNSPath.MatchString(ns.Path) {
 			return false
 		}
 		if env.log != nil {

@@ -201,7 +201,7 @@ func (s *Service) createFromCheckpoint(ctx context.Context, req *taskAPI.CreateT
 	}()
 
 	start := time.Now()
-	sb, err := s.o.NewSandbox(ctx, req.ID, cfg, spec)
+	sb, err := s.o.NewSandbox(ctx, req.ID, cfg, spec, req.Bundle)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", req.ID, err)
 	}

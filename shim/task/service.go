@@ -35,7 +35,7 @@ const SandboxIDAnnotation = "io.kubernetes.cri.sandbox-id"
 
 // SandboxFactory makes the (not yet started) sandbox VM for the first
 // container of this shim. Tests swap it for fakes.
-type SandboxFactory func(ctx context.Context, sandboxID string, cfg config.Config, spec *specs.Spec) (*sandbox.Sandbox, error)
+type SandboxFactory func(ctx context.Context, sandboxID string, cfg config.Config, spec *specs.Spec, bundle string) (*sandbox.Sandbox, error)
 
 // Options configure a Service.
 type Options struct {
@@ -128,14 +128,14 @@ func (s *Service) RegisterTTRPC(server *ttrpc.Server) error {
 // ProcessSandboxFactory is the production factory: cube-vmm child process,
 // agent over hybrid vsock, VMM placed in the container's cgroup.
 func ProcessSandboxFactory(ns string, log *logrus.Entry) SandboxFactory {
-	return func(ctx context.Context, id string, cfg config.Config, spec *specs.Spec) (*sandbox.Sandbox, error) {
+	return func(ctx context.Context, id string, cfg config.Config, spec *specs.Spec, bundle string) (*sandbox.Sandbox, error) {
 		to, err := cfg.Durations()
 		if err != nil {
 			return nil, err
 		}
 		cg := vmmCgroup(cfg, id, spec, log)
 		vmm := &sandbox.ProcessVMM{Binary: cfg.VMM, Cgroup: cg, Log: log.WithField("sandbox", id)}
-		network, err := sandboxNetwork(spec, log.WithField("sandbox", id))
+		network, err := sandboxNetwork(id, bundle, spec, log.WithField("sandbox", id))
 		if err != nil {
 			return nil, err
 		}
@@ -151,13 +151,22 @@ func ProcessSandboxFactory(ns string, log *logrus.Entry) SandboxFactory {
 }
 
 // sandboxNetwork is the VM's network from the host: a CRI pod's CNI
-// namespace (shim/podnet), or none (nil interface, not a nil *podnet.Network).
-func sandboxNetwork(spec *specs.Spec, log *logrus.Entry) (sandbox.Network, error) {
+// namespace, or the namespace the shim makes for a container's network
+// hooks (nerdctl's CNI hook: shim/podnet), or none (nil interface, not a
+// nil *podnet.Network).
+func sandboxNetwork(id, bundle string, spec *specs.Spec, log *logrus.Entry) (sandbox.Network, error) {
 	n, err := podnet.FromSpec(spec, log)
-	if err != nil || n == nil {
+	if err != nil {
 		return nil, err
 	}
-	return n, nil
+	if n != nil {
+		return n, nil
+	}
+	h, err := podnet.HooksFromSpec(id, bundle, spec, log)
+	if err != nil || h == nil {
+		return nil, err
+	}
+	return h, nil
 }
 
 // vmmCgroup picks the cgroup for the VMM: the container spec's cgroupsPath

@@ -119,7 +119,7 @@ func newHarness(t testing.TB) *harness {
 			c.DiskSlots = 3
 			return c, nil
 		},
-		NewSandbox: func(ctx context.Context, id string, cfg config.Config, spec *specs.Spec) (*sandbox.Sandbox, error) {
+		NewSandbox: func(ctx context.Context, id string, cfg config.Config, spec *specs.Spec, bundle string) (*sandbox.Sandbox, error) {
 			h.boots++
 			return sandbox.New(sandbox.Options{
 				ID: id, Dir: SandboxDir(cfg.StateDir, "test", id), Kernel: cfg.Kernel, MemoryMiB: cfg.MemoryMiB,
@@ -719,7 +719,7 @@ func TestTemplateRestore(t *testing.T) {
 		c.Template = "/var/lib/cube/templates/base"
 		return c, err
 	}
-	h.svc.o.NewSandbox = func(ctx context.Context, id string, cfg config.Config, spec *specs.Spec) (*sandbox.Sandbox, error) {
+	h.svc.o.NewSandbox = func(ctx context.Context, id string, cfg config.Config, spec *specs.Spec, bundle string) (*sandbox.Sandbox, error) {
 		return sandbox.New(sandbox.Options{ID: id, Dir: SandboxDir(cfg.StateDir, "test", id), DiskSlots: int(cfg.DiskSlots),
 			Template: cfg.Template, BootTimeout: time.Second, VMM: h.vmm, Dial: sandboxtest.Dialer(h.agent)})
 	}
