@@ -29,6 +29,55 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type TreeEntry_Kind int32
+
+const (
+	TreeEntry_DIR     TreeEntry_Kind = 0
+	TreeEntry_FILE    TreeEntry_Kind = 1
+	TreeEntry_SYMLINK TreeEntry_Kind = 2
+)
+
+// Enum value maps for TreeEntry_Kind.
+var (
+	TreeEntry_Kind_name = map[int32]string{
+		0: "DIR",
+		1: "FILE",
+		2: "SYMLINK",
+	}
+	TreeEntry_Kind_value = map[string]int32{
+		"DIR":     0,
+		"FILE":    1,
+		"SYMLINK": 2,
+	}
+)
+
+func (x TreeEntry_Kind) Enum() *TreeEntry_Kind {
+	p := new(TreeEntry_Kind)
+	*p = x
+	return p
+}
+
+func (x TreeEntry_Kind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TreeEntry_Kind) Descriptor() protoreflect.EnumDescriptor {
+	return file_agent_proto_enumTypes[0].Descriptor()
+}
+
+func (TreeEntry_Kind) Type() protoreflect.EnumType {
+	return &file_agent_proto_enumTypes[0]
+}
+
+func (x TreeEntry_Kind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TreeEntry_Kind.Descriptor instead.
+func (TreeEntry_Kind) EnumDescriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{45, 0}
+}
+
 type Empty struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -2499,6 +2548,310 @@ func (x *ConfigureNetworkResponse) GetInterfaces() []string {
 	return nil
 }
 
+type PrepareVolumeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// path: absolute, under /run/cube, without symbolic links.
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// mode of the directory (the tmpfs root); 0 means 0777.
+	Mode uint32 `protobuf:"varint,2,opt,name=mode,proto3" json:"mode,omitempty"`
+	// tmpfs: mount a tmpfs at path (unless one is already mounted there).
+	Tmpfs bool `protobuf:"varint,3,opt,name=tmpfs,proto3" json:"tmpfs,omitempty"`
+	// tmpfs_size_bytes: the tmpfs's size; 0 is the kernel's default (half of
+	// the guest's memory).
+	TmpfsSizeBytes uint64 `protobuf:"varint,4,opt,name=tmpfs_size_bytes,json=tmpfsSizeBytes,proto3" json:"tmpfs_size_bytes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *PrepareVolumeRequest) Reset() {
+	*x = PrepareVolumeRequest{}
+	mi := &file_agent_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrepareVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrepareVolumeRequest) ProtoMessage() {}
+
+func (x *PrepareVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrepareVolumeRequest.ProtoReflect.Descriptor instead.
+func (*PrepareVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *PrepareVolumeRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *PrepareVolumeRequest) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+func (x *PrepareVolumeRequest) GetTmpfs() bool {
+	if x != nil {
+		return x.Tmpfs
+	}
+	return false
+}
+
+func (x *PrepareVolumeRequest) GetTmpfsSizeBytes() uint64 {
+	if x != nil {
+		return x.TmpfsSizeBytes
+	}
+	return 0
+}
+
+// TreeEntry is one entry of a tree below SyncTreeRequest.dir.
+type TreeEntry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// path relative to dir: components separated by "/", none empty, "."
+	// or "..", at most 4096 bytes in all.
+	Path string         `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Kind TreeEntry_Kind `protobuf:"varint,2,opt,name=kind,proto3,enum=cube.agent.v1.TreeEntry_Kind" json:"kind,omitempty"`
+	// Permission bits (and setgid/sticky) of a directory or file.
+	Mode uint32 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"`
+	Uid  uint32 `protobuf:"varint,4,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid  uint32 `protobuf:"varint,5,opt,name=gid,proto3" json:"gid,omitempty"`
+	// data of a file.
+	Data []byte `protobuf:"bytes,6,opt,name=data,proto3" json:"data,omitempty"`
+	// target of a symbolic link, relative, staying inside dir.
+	Target        string `protobuf:"bytes,7,opt,name=target,proto3" json:"target,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TreeEntry) Reset() {
+	*x = TreeEntry{}
+	mi := &file_agent_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TreeEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TreeEntry) ProtoMessage() {}
+
+func (x *TreeEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TreeEntry.ProtoReflect.Descriptor instead.
+func (*TreeEntry) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *TreeEntry) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *TreeEntry) GetKind() TreeEntry_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return TreeEntry_DIR
+}
+
+func (x *TreeEntry) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+func (x *TreeEntry) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *TreeEntry) GetGid() uint32 {
+	if x != nil {
+		return x.Gid
+	}
+	return 0
+}
+
+func (x *TreeEntry) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *TreeEntry) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+type SyncTreeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// dir: absolute, under /run/cube/volumes; made if missing.
+	Dir string `protobuf:"bytes,1,opt,name=dir,proto3" json:"dir,omitempty"`
+	// Mode and owner of dir itself.
+	Mode uint32 `protobuf:"varint,2,opt,name=mode,proto3" json:"mode,omitempty"`
+	Uid  uint32 `protobuf:"varint,3,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid  uint32 `protobuf:"varint,4,opt,name=gid,proto3" json:"gid,omitempty"`
+	// The whole tree: at most MaxTreeEntries entries and MaxTreeBytes bytes
+	// of file data; parents need not come before children.
+	Entries       []*TreeEntry `protobuf:"bytes,5,rep,name=entries,proto3" json:"entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SyncTreeRequest) Reset() {
+	*x = SyncTreeRequest{}
+	mi := &file_agent_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SyncTreeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SyncTreeRequest) ProtoMessage() {}
+
+func (x *SyncTreeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SyncTreeRequest.ProtoReflect.Descriptor instead.
+func (*SyncTreeRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *SyncTreeRequest) GetDir() string {
+	if x != nil {
+		return x.Dir
+	}
+	return ""
+}
+
+func (x *SyncTreeRequest) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+func (x *SyncTreeRequest) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *SyncTreeRequest) GetGid() uint32 {
+	if x != nil {
+		return x.Gid
+	}
+	return 0
+}
+
+func (x *SyncTreeRequest) GetEntries() []*TreeEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+type SyncTreeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Entries written (made or replaced) and removed; 0 and 0: no change.
+	Written       uint32 `protobuf:"varint,1,opt,name=written,proto3" json:"written,omitempty"`
+	Removed       uint32 `protobuf:"varint,2,opt,name=removed,proto3" json:"removed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SyncTreeResponse) Reset() {
+	*x = SyncTreeResponse{}
+	mi := &file_agent_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SyncTreeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SyncTreeResponse) ProtoMessage() {}
+
+func (x *SyncTreeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SyncTreeResponse.ProtoReflect.Descriptor instead.
+func (*SyncTreeResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *SyncTreeResponse) GetWritten() uint32 {
+	if x != nil {
+		return x.Written
+	}
+	return 0
+}
+
+func (x *SyncTreeResponse) GetRemoved() uint32 {
+	if x != nil {
+		return x.Removed
+	}
+	return 0
+}
+
 var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
@@ -2665,7 +3018,33 @@ const file_agent_proto_rawDesc = "" +
 	"\x18ConfigureNetworkResponse\x12\x1e\n" +
 	"\n" +
 	"interfaces\x18\x01 \x03(\tR\n" +
-	"interfaces2\x8d\x0e\n" +
+	"interfaces\"~\n" +
+	"\x14PrepareVolumeRequest\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
+	"\x04mode\x18\x02 \x01(\rR\x04mode\x12\x14\n" +
+	"\x05tmpfs\x18\x03 \x01(\bR\x05tmpfs\x12(\n" +
+	"\x10tmpfs_size_bytes\x18\x04 \x01(\x04R\x0etmpfsSizeBytes\"\xde\x01\n" +
+	"\tTreeEntry\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x121\n" +
+	"\x04kind\x18\x02 \x01(\x0e2\x1d.cube.agent.v1.TreeEntry.KindR\x04kind\x12\x12\n" +
+	"\x04mode\x18\x03 \x01(\rR\x04mode\x12\x10\n" +
+	"\x03uid\x18\x04 \x01(\rR\x03uid\x12\x10\n" +
+	"\x03gid\x18\x05 \x01(\rR\x03gid\x12\x12\n" +
+	"\x04data\x18\x06 \x01(\fR\x04data\x12\x16\n" +
+	"\x06target\x18\a \x01(\tR\x06target\"&\n" +
+	"\x04Kind\x12\a\n" +
+	"\x03DIR\x10\x00\x12\b\n" +
+	"\x04FILE\x10\x01\x12\v\n" +
+	"\aSYMLINK\x10\x02\"\x8f\x01\n" +
+	"\x0fSyncTreeRequest\x12\x10\n" +
+	"\x03dir\x18\x01 \x01(\tR\x03dir\x12\x12\n" +
+	"\x04mode\x18\x02 \x01(\rR\x04mode\x12\x10\n" +
+	"\x03uid\x18\x03 \x01(\rR\x03uid\x12\x10\n" +
+	"\x03gid\x18\x04 \x01(\rR\x03gid\x122\n" +
+	"\aentries\x18\x05 \x03(\v2\x18.cube.agent.v1.TreeEntryR\aentries\"F\n" +
+	"\x10SyncTreeResponse\x12\x18\n" +
+	"\awritten\x18\x01 \x01(\rR\awritten\x12\x18\n" +
+	"\aremoved\x18\x02 \x01(\rR\aremoved2\xa6\x0f\n" +
 	"\x05Agent\x12H\n" +
 	"\aVersion\x12\x1d.cube.agent.v1.VersionRequest\x1a\x1e.cube.agent.v1.VersionResponse\x12E\n" +
 	"\x06Health\x12\x1c.cube.agent.v1.HealthRequest\x1a\x1d.cube.agent.v1.HealthResponse\x12N\n" +
@@ -2691,7 +3070,9 @@ const file_agent_proto_rawDesc = "" +
 	"\bReadFile\x12\x1e.cube.agent.v1.ReadFileRequest\x1a\x1f.cube.agent.v1.ReadFileResponse\x12N\n" +
 	"\tWriteFile\x12\x1f.cube.agent.v1.WriteFileRequest\x1a .cube.agent.v1.WriteFileResponse\x12@\n" +
 	"\bPowerOff\x12\x1e.cube.agent.v1.PowerOffRequest\x1a\x14.cube.agent.v1.Empty\x12c\n" +
-	"\x10ConfigureNetwork\x12&.cube.agent.v1.ConfigureNetworkRequest\x1a'.cube.agent.v1.ConfigureNetworkResponseB<Z:github.com/cube-runtime/cube/guest-agent/protocol;protocolb\x06proto3"
+	"\x10ConfigureNetwork\x12&.cube.agent.v1.ConfigureNetworkRequest\x1a'.cube.agent.v1.ConfigureNetworkResponse\x12J\n" +
+	"\rPrepareVolume\x12#.cube.agent.v1.PrepareVolumeRequest\x1a\x14.cube.agent.v1.Empty\x12K\n" +
+	"\bSyncTree\x12\x1e.cube.agent.v1.SyncTreeRequest\x1a\x1f.cube.agent.v1.SyncTreeResponseB<Z:github.com/cube-runtime/cube/guest-agent/protocol;protocolb\x06proto3"
 
 var (
 	file_agent_proto_rawDescOnce sync.Once
@@ -2705,114 +3086,126 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_agent_proto_goTypes = []any{
-	(*Empty)(nil),                    // 0: cube.agent.v1.Empty
-	(*VersionRequest)(nil),           // 1: cube.agent.v1.VersionRequest
-	(*VersionResponse)(nil),          // 2: cube.agent.v1.VersionResponse
-	(*HealthRequest)(nil),            // 3: cube.agent.v1.HealthRequest
-	(*HealthResponse)(nil),           // 4: cube.agent.v1.HealthResponse
-	(*MountDiskRequest)(nil),         // 5: cube.agent.v1.MountDiskRequest
-	(*MountDiskResponse)(nil),        // 6: cube.agent.v1.MountDiskResponse
-	(*UnmountDiskRequest)(nil),       // 7: cube.agent.v1.UnmountDiskRequest
-	(*Stdio)(nil),                    // 8: cube.agent.v1.Stdio
-	(*CreateContainerRequest)(nil),   // 9: cube.agent.v1.CreateContainerRequest
-	(*CreateContainerResponse)(nil),  // 10: cube.agent.v1.CreateContainerResponse
-	(*ExecProcessRequest)(nil),       // 11: cube.agent.v1.ExecProcessRequest
-	(*ExecProcessResponse)(nil),      // 12: cube.agent.v1.ExecProcessResponse
-	(*StartRequest)(nil),             // 13: cube.agent.v1.StartRequest
-	(*StartResponse)(nil),            // 14: cube.agent.v1.StartResponse
-	(*SignalRequest)(nil),            // 15: cube.agent.v1.SignalRequest
-	(*WaitRequest)(nil),              // 16: cube.agent.v1.WaitRequest
-	(*WaitResponse)(nil),             // 17: cube.agent.v1.WaitResponse
-	(*StateRequest)(nil),             // 18: cube.agent.v1.StateRequest
-	(*StateResponse)(nil),            // 19: cube.agent.v1.StateResponse
-	(*CloseStdinRequest)(nil),        // 20: cube.agent.v1.CloseStdinRequest
-	(*ResizePtyRequest)(nil),         // 21: cube.agent.v1.ResizePtyRequest
-	(*ListPidsRequest)(nil),          // 22: cube.agent.v1.ListPidsRequest
-	(*ListPidsResponse)(nil),         // 23: cube.agent.v1.ListPidsResponse
-	(*ListProcessesRequest)(nil),     // 24: cube.agent.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil),    // 25: cube.agent.v1.ListProcessesResponse
-	(*ProcessInfo)(nil),              // 26: cube.agent.v1.ProcessInfo
-	(*DeleteRequest)(nil),            // 27: cube.agent.v1.DeleteRequest
-	(*DeleteResponse)(nil),           // 28: cube.agent.v1.DeleteResponse
-	(*FreezeRequest)(nil),            // 29: cube.agent.v1.FreezeRequest
-	(*FreezeResponse)(nil),           // 30: cube.agent.v1.FreezeResponse
-	(*ThawRequest)(nil),              // 31: cube.agent.v1.ThawRequest
-	(*SetTimeRequest)(nil),           // 32: cube.agent.v1.SetTimeRequest
-	(*ReseedRandomRequest)(nil),      // 33: cube.agent.v1.ReseedRandomRequest
-	(*ReadFileRequest)(nil),          // 34: cube.agent.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),         // 35: cube.agent.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),         // 36: cube.agent.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),        // 37: cube.agent.v1.WriteFileResponse
-	(*PowerOffRequest)(nil),          // 38: cube.agent.v1.PowerOffRequest
-	(*ConfigureNetworkRequest)(nil),  // 39: cube.agent.v1.ConfigureNetworkRequest
-	(*NetInterface)(nil),             // 40: cube.agent.v1.NetInterface
-	(*NetRoute)(nil),                 // 41: cube.agent.v1.NetRoute
-	(*DNSConfig)(nil),                // 42: cube.agent.v1.DNSConfig
-	(*ConfigureNetworkResponse)(nil), // 43: cube.agent.v1.ConfigureNetworkResponse
+	(TreeEntry_Kind)(0),              // 0: cube.agent.v1.TreeEntry.Kind
+	(*Empty)(nil),                    // 1: cube.agent.v1.Empty
+	(*VersionRequest)(nil),           // 2: cube.agent.v1.VersionRequest
+	(*VersionResponse)(nil),          // 3: cube.agent.v1.VersionResponse
+	(*HealthRequest)(nil),            // 4: cube.agent.v1.HealthRequest
+	(*HealthResponse)(nil),           // 5: cube.agent.v1.HealthResponse
+	(*MountDiskRequest)(nil),         // 6: cube.agent.v1.MountDiskRequest
+	(*MountDiskResponse)(nil),        // 7: cube.agent.v1.MountDiskResponse
+	(*UnmountDiskRequest)(nil),       // 8: cube.agent.v1.UnmountDiskRequest
+	(*Stdio)(nil),                    // 9: cube.agent.v1.Stdio
+	(*CreateContainerRequest)(nil),   // 10: cube.agent.v1.CreateContainerRequest
+	(*CreateContainerResponse)(nil),  // 11: cube.agent.v1.CreateContainerResponse
+	(*ExecProcessRequest)(nil),       // 12: cube.agent.v1.ExecProcessRequest
+	(*ExecProcessResponse)(nil),      // 13: cube.agent.v1.ExecProcessResponse
+	(*StartRequest)(nil),             // 14: cube.agent.v1.StartRequest
+	(*StartResponse)(nil),            // 15: cube.agent.v1.StartResponse
+	(*SignalRequest)(nil),            // 16: cube.agent.v1.SignalRequest
+	(*WaitRequest)(nil),              // 17: cube.agent.v1.WaitRequest
+	(*WaitResponse)(nil),             // 18: cube.agent.v1.WaitResponse
+	(*StateRequest)(nil),             // 19: cube.agent.v1.StateRequest
+	(*StateResponse)(nil),            // 20: cube.agent.v1.StateResponse
+	(*CloseStdinRequest)(nil),        // 21: cube.agent.v1.CloseStdinRequest
+	(*ResizePtyRequest)(nil),         // 22: cube.agent.v1.ResizePtyRequest
+	(*ListPidsRequest)(nil),          // 23: cube.agent.v1.ListPidsRequest
+	(*ListPidsResponse)(nil),         // 24: cube.agent.v1.ListPidsResponse
+	(*ListProcessesRequest)(nil),     // 25: cube.agent.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),    // 26: cube.agent.v1.ListProcessesResponse
+	(*ProcessInfo)(nil),              // 27: cube.agent.v1.ProcessInfo
+	(*DeleteRequest)(nil),            // 28: cube.agent.v1.DeleteRequest
+	(*DeleteResponse)(nil),           // 29: cube.agent.v1.DeleteResponse
+	(*FreezeRequest)(nil),            // 30: cube.agent.v1.FreezeRequest
+	(*FreezeResponse)(nil),           // 31: cube.agent.v1.FreezeResponse
+	(*ThawRequest)(nil),              // 32: cube.agent.v1.ThawRequest
+	(*SetTimeRequest)(nil),           // 33: cube.agent.v1.SetTimeRequest
+	(*ReseedRandomRequest)(nil),      // 34: cube.agent.v1.ReseedRandomRequest
+	(*ReadFileRequest)(nil),          // 35: cube.agent.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),         // 36: cube.agent.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),         // 37: cube.agent.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),        // 38: cube.agent.v1.WriteFileResponse
+	(*PowerOffRequest)(nil),          // 39: cube.agent.v1.PowerOffRequest
+	(*ConfigureNetworkRequest)(nil),  // 40: cube.agent.v1.ConfigureNetworkRequest
+	(*NetInterface)(nil),             // 41: cube.agent.v1.NetInterface
+	(*NetRoute)(nil),                 // 42: cube.agent.v1.NetRoute
+	(*DNSConfig)(nil),                // 43: cube.agent.v1.DNSConfig
+	(*ConfigureNetworkResponse)(nil), // 44: cube.agent.v1.ConfigureNetworkResponse
+	(*PrepareVolumeRequest)(nil),     // 45: cube.agent.v1.PrepareVolumeRequest
+	(*TreeEntry)(nil),                // 46: cube.agent.v1.TreeEntry
+	(*SyncTreeRequest)(nil),          // 47: cube.agent.v1.SyncTreeRequest
+	(*SyncTreeResponse)(nil),         // 48: cube.agent.v1.SyncTreeResponse
 }
 var file_agent_proto_depIdxs = []int32{
-	8,  // 0: cube.agent.v1.CreateContainerRequest.stdio:type_name -> cube.agent.v1.Stdio
-	8,  // 1: cube.agent.v1.ExecProcessRequest.stdio:type_name -> cube.agent.v1.Stdio
-	26, // 2: cube.agent.v1.ListProcessesResponse.processes:type_name -> cube.agent.v1.ProcessInfo
-	8,  // 3: cube.agent.v1.ProcessInfo.stdio:type_name -> cube.agent.v1.Stdio
-	40, // 4: cube.agent.v1.ConfigureNetworkRequest.interfaces:type_name -> cube.agent.v1.NetInterface
-	42, // 5: cube.agent.v1.ConfigureNetworkRequest.dns:type_name -> cube.agent.v1.DNSConfig
-	41, // 6: cube.agent.v1.NetInterface.routes:type_name -> cube.agent.v1.NetRoute
-	1,  // 7: cube.agent.v1.Agent.Version:input_type -> cube.agent.v1.VersionRequest
-	3,  // 8: cube.agent.v1.Agent.Health:input_type -> cube.agent.v1.HealthRequest
-	5,  // 9: cube.agent.v1.Agent.MountDisk:input_type -> cube.agent.v1.MountDiskRequest
-	7,  // 10: cube.agent.v1.Agent.UnmountDisk:input_type -> cube.agent.v1.UnmountDiskRequest
-	9,  // 11: cube.agent.v1.Agent.CreateContainer:input_type -> cube.agent.v1.CreateContainerRequest
-	11, // 12: cube.agent.v1.Agent.ExecProcess:input_type -> cube.agent.v1.ExecProcessRequest
-	13, // 13: cube.agent.v1.Agent.Start:input_type -> cube.agent.v1.StartRequest
-	15, // 14: cube.agent.v1.Agent.Signal:input_type -> cube.agent.v1.SignalRequest
-	16, // 15: cube.agent.v1.Agent.Wait:input_type -> cube.agent.v1.WaitRequest
-	18, // 16: cube.agent.v1.Agent.State:input_type -> cube.agent.v1.StateRequest
-	20, // 17: cube.agent.v1.Agent.CloseStdin:input_type -> cube.agent.v1.CloseStdinRequest
-	21, // 18: cube.agent.v1.Agent.ResizePty:input_type -> cube.agent.v1.ResizePtyRequest
-	22, // 19: cube.agent.v1.Agent.ListPids:input_type -> cube.agent.v1.ListPidsRequest
-	24, // 20: cube.agent.v1.Agent.ListProcesses:input_type -> cube.agent.v1.ListProcessesRequest
-	27, // 21: cube.agent.v1.Agent.Delete:input_type -> cube.agent.v1.DeleteRequest
-	0,  // 22: cube.agent.v1.Agent.SyncFilesystems:input_type -> cube.agent.v1.Empty
-	29, // 23: cube.agent.v1.Agent.FreezeFilesystems:input_type -> cube.agent.v1.FreezeRequest
-	31, // 24: cube.agent.v1.Agent.ThawFilesystems:input_type -> cube.agent.v1.ThawRequest
-	32, // 25: cube.agent.v1.Agent.SetTime:input_type -> cube.agent.v1.SetTimeRequest
-	33, // 26: cube.agent.v1.Agent.ReseedRandom:input_type -> cube.agent.v1.ReseedRandomRequest
-	34, // 27: cube.agent.v1.Agent.ReadFile:input_type -> cube.agent.v1.ReadFileRequest
-	36, // 28: cube.agent.v1.Agent.WriteFile:input_type -> cube.agent.v1.WriteFileRequest
-	38, // 29: cube.agent.v1.Agent.PowerOff:input_type -> cube.agent.v1.PowerOffRequest
-	39, // 30: cube.agent.v1.Agent.ConfigureNetwork:input_type -> cube.agent.v1.ConfigureNetworkRequest
-	2,  // 31: cube.agent.v1.Agent.Version:output_type -> cube.agent.v1.VersionResponse
-	4,  // 32: cube.agent.v1.Agent.Health:output_type -> cube.agent.v1.HealthResponse
-	6,  // 33: cube.agent.v1.Agent.MountDisk:output_type -> cube.agent.v1.MountDiskResponse
-	0,  // 34: cube.agent.v1.Agent.UnmountDisk:output_type -> cube.agent.v1.Empty
-	10, // 35: cube.agent.v1.Agent.CreateContainer:output_type -> cube.agent.v1.CreateContainerResponse
-	12, // 36: cube.agent.v1.Agent.ExecProcess:output_type -> cube.agent.v1.ExecProcessResponse
-	14, // 37: cube.agent.v1.Agent.Start:output_type -> cube.agent.v1.StartResponse
-	0,  // 38: cube.agent.v1.Agent.Signal:output_type -> cube.agent.v1.Empty
-	17, // 39: cube.agent.v1.Agent.Wait:output_type -> cube.agent.v1.WaitResponse
-	19, // 40: cube.agent.v1.Agent.State:output_type -> cube.agent.v1.StateResponse
-	0,  // 41: cube.agent.v1.Agent.CloseStdin:output_type -> cube.agent.v1.Empty
-	0,  // 42: cube.agent.v1.Agent.ResizePty:output_type -> cube.agent.v1.Empty
-	23, // 43: cube.agent.v1.Agent.ListPids:output_type -> cube.agent.v1.ListPidsResponse
-	25, // 44: cube.agent.v1.Agent.ListProcesses:output_type -> cube.agent.v1.ListProcessesResponse
-	28, // 45: cube.agent.v1.Agent.Delete:output_type -> cube.agent.v1.DeleteResponse
-	0,  // 46: cube.agent.v1.Agent.SyncFilesystems:output_type -> cube.agent.v1.Empty
-	30, // 47: cube.agent.v1.Agent.FreezeFilesystems:output_type -> cube.agent.v1.FreezeResponse
-	0,  // 48: cube.agent.v1.Agent.ThawFilesystems:output_type -> cube.agent.v1.Empty
-	0,  // 49: cube.agent.v1.Agent.SetTime:output_type -> cube.agent.v1.Empty
-	0,  // 50: cube.agent.v1.Agent.ReseedRandom:output_type -> cube.agent.v1.Empty
-	35, // 51: cube.agent.v1.Agent.ReadFile:output_type -> cube.agent.v1.ReadFileResponse
-	37, // 52: cube.agent.v1.Agent.WriteFile:output_type -> cube.agent.v1.WriteFileResponse
-	0,  // 53: cube.agent.v1.Agent.PowerOff:output_type -> cube.agent.v1.Empty
-	43, // 54: cube.agent.v1.Agent.ConfigureNetwork:output_type -> cube.agent.v1.ConfigureNetworkResponse
-	31, // [31:55] is the sub-list for method output_type
-	7,  // [7:31] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	9,  // 0: cube.agent.v1.CreateContainerRequest.stdio:type_name -> cube.agent.v1.Stdio
+	9,  // 1: cube.agent.v1.ExecProcessRequest.stdio:type_name -> cube.agent.v1.Stdio
+	27, // 2: cube.agent.v1.ListProcessesResponse.processes:type_name -> cube.agent.v1.ProcessInfo
+	9,  // 3: cube.agent.v1.ProcessInfo.stdio:type_name -> cube.agent.v1.Stdio
+	41, // 4: cube.agent.v1.ConfigureNetworkRequest.interfaces:type_name -> cube.agent.v1.NetInterface
+	43, // 5: cube.agent.v1.ConfigureNetworkRequest.dns:type_name -> cube.agent.v1.DNSConfig
+	42, // 6: cube.agent.v1.NetInterface.routes:type_name -> cube.agent.v1.NetRoute
+	0,  // 7: cube.agent.v1.TreeEntry.kind:type_name -> cube.agent.v1.TreeEntry.Kind
+	46, // 8: cube.agent.v1.SyncTreeRequest.entries:type_name -> cube.agent.v1.TreeEntry
+	2,  // 9: cube.agent.v1.Agent.Version:input_type -> cube.agent.v1.VersionRequest
+	4,  // 10: cube.agent.v1.Agent.Health:input_type -> cube.agent.v1.HealthRequest
+	6,  // 11: cube.agent.v1.Agent.MountDisk:input_type -> cube.agent.v1.MountDiskRequest
+	8,  // 12: cube.agent.v1.Agent.UnmountDisk:input_type -> cube.agent.v1.UnmountDiskRequest
+	10, // 13: cube.agent.v1.Agent.CreateContainer:input_type -> cube.agent.v1.CreateContainerRequest
+	12, // 14: cube.agent.v1.Agent.ExecProcess:input_type -> cube.agent.v1.ExecProcessRequest
+	14, // 15: cube.agent.v1.Agent.Start:input_type -> cube.agent.v1.StartRequest
+	16, // 16: cube.agent.v1.Agent.Signal:input_type -> cube.agent.v1.SignalRequest
+	17, // 17: cube.agent.v1.Agent.Wait:input_type -> cube.agent.v1.WaitRequest
+	19, // 18: cube.agent.v1.Agent.State:input_type -> cube.agent.v1.StateRequest
+	21, // 19: cube.agent.v1.Agent.CloseStdin:input_type -> cube.agent.v1.CloseStdinRequest
+	22, // 20: cube.agent.v1.Agent.ResizePty:input_type -> cube.agent.v1.ResizePtyRequest
+	23, // 21: cube.agent.v1.Agent.ListPids:input_type -> cube.agent.v1.ListPidsRequest
+	25, // 22: cube.agent.v1.Agent.ListProcesses:input_type -> cube.agent.v1.ListProcessesRequest
+	28, // 23: cube.agent.v1.Agent.Delete:input_type -> cube.agent.v1.DeleteRequest
+	1,  // 24: cube.agent.v1.Agent.SyncFilesystems:input_type -> cube.agent.v1.Empty
+	30, // 25: cube.agent.v1.Agent.FreezeFilesystems:input_type -> cube.agent.v1.FreezeRequest
+	32, // 26: cube.agent.v1.Agent.ThawFilesystems:input_type -> cube.agent.v1.ThawRequest
+	33, // 27: cube.agent.v1.Agent.SetTime:input_type -> cube.agent.v1.SetTimeRequest
+	34, // 28: cube.agent.v1.Agent.ReseedRandom:input_type -> cube.agent.v1.ReseedRandomRequest
+	35, // 29: cube.agent.v1.Agent.ReadFile:input_type -> cube.agent.v1.ReadFileRequest
+	37, // 30: cube.agent.v1.Agent.WriteFile:input_type -> cube.agent.v1.WriteFileRequest
+	39, // 31: cube.agent.v1.Agent.PowerOff:input_type -> cube.agent.v1.PowerOffRequest
+	40, // 32: cube.agent.v1.Agent.ConfigureNetwork:input_type -> cube.agent.v1.ConfigureNetworkRequest
+	45, // 33: cube.agent.v1.Agent.PrepareVolume:input_type -> cube.agent.v1.PrepareVolumeRequest
+	47, // 34: cube.agent.v1.Agent.SyncTree:input_type -> cube.agent.v1.SyncTreeRequest
+	3,  // 35: cube.agent.v1.Agent.Version:output_type -> cube.agent.v1.VersionResponse
+	5,  // 36: cube.agent.v1.Agent.Health:output_type -> cube.agent.v1.HealthResponse
+	7,  // 37: cube.agent.v1.Agent.MountDisk:output_type -> cube.agent.v1.MountDiskResponse
+	1,  // 38: cube.agent.v1.Agent.UnmountDisk:output_type -> cube.agent.v1.Empty
+	11, // 39: cube.agent.v1.Agent.CreateContainer:output_type -> cube.agent.v1.CreateContainerResponse
+	13, // 40: cube.agent.v1.Agent.ExecProcess:output_type -> cube.agent.v1.ExecProcessResponse
+	15, // 41: cube.agent.v1.Agent.Start:output_type -> cube.agent.v1.StartResponse
+	1,  // 42: cube.agent.v1.Agent.Signal:output_type -> cube.agent.v1.Empty
+	18, // 43: cube.agent.v1.Agent.Wait:output_type -> cube.agent.v1.WaitResponse
+	20, // 44: cube.agent.v1.Agent.State:output_type -> cube.agent.v1.StateResponse
+	1,  // 45: cube.agent.v1.Agent.CloseStdin:output_type -> cube.agent.v1.Empty
+	1,  // 46: cube.agent.v1.Agent.ResizePty:output_type -> cube.agent.v1.Empty
+	24, // 47: cube.agent.v1.Agent.ListPids:output_type -> cube.agent.v1.ListPidsResponse
+	26, // 48: cube.agent.v1.Agent.ListProcesses:output_type -> cube.agent.v1.ListProcessesResponse
+	29, // 49: cube.agent.v1.Agent.Delete:output_type -> cube.agent.v1.DeleteResponse
+	1,  // 50: cube.agent.v1.Agent.SyncFilesystems:output_type -> cube.agent.v1.Empty
+	31, // 51: cube.agent.v1.Agent.FreezeFilesystems:output_type -> cube.agent.v1.FreezeResponse
+	1,  // 52: cube.agent.v1.Agent.ThawFilesystems:output_type -> cube.agent.v1.Empty
+	1,  // 53: cube.agent.v1.Agent.SetTime:output_type -> cube.agent.v1.Empty
+	1,  // 54: cube.agent.v1.Agent.ReseedRandom:output_type -> cube.agent.v1.Empty
+	36, // 55: cube.agent.v1.Agent.ReadFile:output_type -> cube.agent.v1.ReadFileResponse
+	38, // 56: cube.agent.v1.Agent.WriteFile:output_type -> cube.agent.v1.WriteFileResponse
+	1,  // 57: cube.agent.v1.Agent.PowerOff:output_type -> cube.agent.v1.Empty
+	44, // 58: cube.agent.v1.Agent.ConfigureNetwork:output_type -> cube.agent.v1.ConfigureNetworkResponse
+	1,  // 59: cube.agent.v1.Agent.PrepareVolume:output_type -> cube.agent.v1.Empty
+	48, // 60: cube.agent.v1.Agent.SyncTree:output_type -> cube.agent.v1.SyncTreeResponse
+	35, // [35:61] is the sub-list for method output_type
+	9,  // [9:35] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2825,13 +3218,14 @@ func file_agent_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   44,
+			NumEnums:      1,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_agent_proto_goTypes,
 		DependencyIndexes: file_agent_proto_depIdxs,
+		EnumInfos:         file_agent_proto_enumTypes,
 		MessageInfos:      file_agent_proto_msgTypes,
 	}.Build()
 	File_agent_proto = out.File
