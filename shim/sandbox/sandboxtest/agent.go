@@ -44,6 +44,10 @@ type Agent struct {
 	// NetworkErr, when set, is ConfigureNetwork's answer.
 	NetworkErr error
 	networks   []sandbox.NetworkConfig
+	// TreeErr, when set, is SyncTree's answer.
+	TreeErr error
+	trees   map[string]sandbox.Tree
+	volumes []sandbox.VolumeRequest
 }
 
 type fakeFile struct {
