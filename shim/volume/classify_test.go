@@ -21,7 +21,7 @@ func TestParse(t *testing.T) {
 		"/data/kubelet/pods/u1/volumes/kubernetes.io~secret/s":              {Kind: Copied, PodUID: "u1", Plugin: "secret", Name: "s"},
 		pod + "/etc-hosts":                                                  {},
 		"/var/lib/containerd/io.containerd.grpc.v1.cri/sandboxes/abc/hosts": {},
-		"/srv/data":                                          {},
+		"/srv/data": {},
 		pod + "/volumes/kubernetes.io~configmap/../../../etc": {},
 		pod + "/volumes/kubernetes.io~configmap/.hidden":      {},
 		"relative/pods/u/volumes/kubernetes.io~secret/s":      {},

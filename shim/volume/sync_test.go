@@ -186,4 +186,3 @@ func TestSyncerFile(t *testing.T) {
 		t.Fatalf("AddFile of a big file: %v", err)
 	}
 }
-
