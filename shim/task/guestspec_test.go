@@ -119,7 +119,7 @@ func TestGuestSpecRefusals(t *testing.T) {
 		want error
 		msg  string
 	}{
-		"host directory volume": {base([]specs.Mount{{Destination: "/data", Type: "bind", Source: dir}}, nil), errdefs.ErrNotImplemented, "cannot see host directories until virtio-fs"},
+		"host directory volume": {base([]specs.Mount{{Destination: "/data", Type: "bind", Source: dir}}, nil), errdefs.ErrInvalidArgument, "cannot see host directories until virtio-fs"},
 		"missing source":        {base([]specs.Mount{{Destination: "/x", Options: []string{"rbind"}, Source: filepath.Join(dir, "nope")}}, nil), errdefs.ErrInvalidArgument, "no such file"},
 		"large file":            {base([]specs.Mount{{Destination: "/x", Type: "bind", Source: big}}, nil), errdefs.ErrInvalidArgument, "more than"},
 		"host ipc namespace":    {base(nil, []specs.LinuxNamespace{{Type: specs.IPCNamespace, Path: "/proc/1/ns/ipc"}}), errdefs.ErrInvalidArgument, "on the host"},

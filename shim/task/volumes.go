@@ -33,13 +33,15 @@ import (
 //     kubelet's etc-hosts) → a guest copy kept in sync, rewritten in place;
 //   - anything else (hostPath, a PVC, another volume plugin, a subPath
 //     directory) → refused, naming the mount: it needs a host directory
-//     shared with the VM (virtio-fs).
+//     shared with the VM (virtio-fs). InvalidArgument, not NotImplemented:
+//     containerd takes Unimplemented from the task API v3 Create for a
+//     missing service and retries with v2, losing the message.
 
 // guestFilesDir holds host files copied into the guest for bind mounts.
 const guestFilesDir = "/run/cube/files"
 
-// emptyDirGuestDir holds emptyDir volumes on the sandbox's rootfs disk, and
-// memory-backed (or disk-less) ones under /run/cube/volumes.
+// emptyDirOnDisk (relative to the sandbox container's rootfs disk) holds emptyDir volumes;
+// emptyDirInRAM memory-backed ones (and any without a sandbox disk).
 const (
 	emptyDirOnDisk = ".cube-volumes/empty-dir"
 	emptyDirInRAM  = "/run/cube/volumes/empty-dir"
@@ -123,10 +125,10 @@ func guestMount(ctx context.Context, m *specs.Mount, i int, env specEnv) error {
 		return nil
 	case v.Kind != volume.Other:
 		return fmt.Errorf("%s at %s (host %s): Cube serves emptyDir, configMap, secret, projected and downwardAPI volumes; this one needs a host directory shared with the VM (virtio-fs), which is not supported yet: %w",
-			v.Describe(), m.Destination, m.Source, errdefs.ErrNotImplemented)
+			v.Describe(), m.Destination, m.Source, errdefs.ErrInvalidArgument)
 	case fi.IsDir():
 		return fmt.Errorf("bind mount of host directory %s at %s (a hostPath volume, a PersistentVolume or ctr --mount): the VM cannot see host directories until virtio-fs support lands; Kubernetes emptyDir, configMap, secret, projected and downwardAPI volumes work: %w",
-			m.Source, m.Destination, errdefs.ErrNotImplemented)
+			m.Source, m.Destination, errdefs.ErrInvalidArgument)
 	}
 	return fmt.Errorf("bind mount of host %s %s at %s: the VM cannot see host devices or special files: %w",
 		fi.Mode().Type(), m.Source, m.Destination, errdefs.ErrInvalidArgument)
