@@ -159,6 +159,7 @@ agent-fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecodeCreateRequest -fuzztime $(FUZZTIME) ./guest-agent/agent
 	$(GO) test -run '^$$' -fuzz FuzzDecodeExecRequest -fuzztime $(FUZZTIME) ./guest-agent/agent
 	$(GO) test -run '^$$' -fuzz FuzzFilePathAndSerial -fuzztime $(FUZZTIME) ./guest-agent/agent
+	$(GO) test -run '^$$' -fuzz FuzzPlanTree -fuzztime $(FUZZTIME) ./guest-agent/agent
 	$(GO) test -run '^$$' -fuzz FuzzModInfo -fuzztime $(FUZZTIME) ./guest-agent/initsys
 # ---- guest agent (issue 4) — end ------------------------------------------
 
@@ -225,6 +226,7 @@ bench-shim: deps
 fuzz-shim:
 	$(GO) test -run '^$$' -fuzz FuzzParse$$ -fuzztime $(FUZZTIME) ./shim/config
 	$(GO) test -run '^$$' -fuzz FuzzParseReply -fuzztime $(FUZZTIME) ./hypervisor/vsockdial
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./shim/volume
 # ---- end shim ----------------------------------------------------------------
 
 # >>> snapshot (issue 5) — block owned by the snapshot slice; merge into the main Makefile as is.

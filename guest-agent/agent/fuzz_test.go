@@ -62,3 +62,29 @@ func FuzzFilePathAndSerial(f *testing.F) {
 		protocol.ValidateID("x", s)
 	})
 }
+
+// Wire bytes → SyncTree plan: never a panic; an accepted plan names only
+// clean relative paths and links that stay inside the tree.
+func FuzzPlanTree(f *testing.F) {
+	seed(f, &protocol.SyncTreeRequest{Dir: "/run/cube/volumes/c", Entries: kubeletTree("1", map[string]string{"k": "v"})})
+	seed(f, &protocol.SyncTreeRequest{Entries: []*protocol.TreeEntry{
+		{Path: "d", Kind: protocol.TreeEntry_DIR}, {Path: "d/l", Kind: protocol.TreeEntry_SYMLINK, Target: "../x"}}})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var req protocol.SyncTreeRequest
+		if proto.Unmarshal(data, &req) != nil {
+			return
+		}
+		pl, err := planTree(&req)
+		if err != nil {
+			return
+		}
+		for _, e := range append(append(pl.dirs, pl.files...), pl.links...) {
+			if validTreePath(e.GetPath()) != nil {
+				t.Fatalf("accepted path %q", e.GetPath())
+			}
+			if e.GetKind() == protocol.TreeEntry_SYMLINK && validLinkTarget(e.GetPath(), e.GetTarget()) != nil {
+				t.Fatalf("accepted link %q → %q", e.GetPath(), e.GetTarget())
+			}
+		}
+	})
+}

@@ -58,6 +58,10 @@ type Config struct {
 	// netif.Apply, in the agent's network namespace).
 	ResolvConf   string
 	ApplyNetwork func(netif.Config) ([]netif.Applied, error)
+	// VolumeRoot holds SyncTree's directories (default
+	// protocol.VolumeRoot); RunRoot PrepareVolume's (default
+	// protocol.RunRoot).
+	VolumeRoot, RunRoot string
 }
 
 type containerEntry struct {
@@ -79,6 +83,8 @@ type Service struct {
 	containers map[string]*containerEntry
 	disks      map[string]string // mount point → device
 	frozen     map[string]bool
+	// treeMu serializes SyncTree and PrepareVolume.
+	treeMu sync.Mutex
 
 	resets    atomic.Uint64
 	reseeds   atomic.Uint64 // successful CRNG reseeds (Health.rng_reseeds)
@@ -127,6 +133,12 @@ func New(cfg Config) (*Service, error) {
 	}
 	if cfg.HWRNG == "" {
 		cfg.HWRNG = "/dev/hwrng"
+	}
+	if cfg.VolumeRoot == "" {
+		cfg.VolumeRoot = protocol.VolumeRoot
+	}
+	if cfg.RunRoot == "" {
+		cfg.RunRoot = protocol.RunRoot
 	}
 	return &Service{
 		cfg: cfg, log: cfg.Log, started: time.Now(),

@@ -29,6 +29,55 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type TreeEntry_Kind int32
+
+const (
+	TreeEntry_DIR     TreeEntry_Kind = 0
+	TreeEntry_FILE    TreeEntry_Kind = 1
+	TreeEntry_SYMLINK TreeEntry_Kind = 2
+)
+
+// Enum value maps for TreeEntry_Kind.
+var (
+	TreeEntry_Kind_name = map[int32]string{
+		0: "DIR",
+		1: "FILE",
+		2: "SYMLINK",
+	}
+	TreeEntry_Kind_value = map[string]int32{
+		"DIR":     0,
+		"FILE":    1,
+		"SYMLINK": 2,
+	}
+)
+
+func (x TreeEntry_Kind) Enum() *TreeEntry_Kind {
+	p := new(TreeEntry_Kind)
+	*p = x
+	return p
+}
+
+func (x TreeEntry_Kind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TreeEntry_Kind) Descriptor() protoreflect.EnumDescriptor {
+	return file_agent_proto_enumTypes[0].Descriptor()
+}
+
+func (TreeEntry_Kind) Type() protoreflect.EnumType {
+	return &file_agent_proto_enumTypes[0]
+}
+
+func (x TreeEntry_Kind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TreeEntry_Kind.Descriptor instead.
+func (TreeEntry_Kind) EnumDescriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{54, 0}
+}
+
 type Empty struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -3041,6 +3090,310 @@ func (x *ConfigureNetworkResponse) GetInterfaces() []string {
 	return nil
 }
 
+type PrepareVolumeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// path: absolute, under /run/cube, without symbolic links.
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// mode of the directory (the tmpfs root); 0 means 0777.
+	Mode uint32 `protobuf:"varint,2,opt,name=mode,proto3" json:"mode,omitempty"`
+	// tmpfs: mount a tmpfs at path (unless one is already mounted there).
+	Tmpfs bool `protobuf:"varint,3,opt,name=tmpfs,proto3" json:"tmpfs,omitempty"`
+	// tmpfs_size_bytes: the tmpfs's size; 0 is the kernel's default (half of
+	// the guest's memory).
+	TmpfsSizeBytes uint64 `protobuf:"varint,4,opt,name=tmpfs_size_bytes,json=tmpfsSizeBytes,proto3" json:"tmpfs_size_bytes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *PrepareVolumeRequest) Reset() {
+	*x = PrepareVolumeRequest{}
+	mi := &file_agent_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrepareVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrepareVolumeRequest) ProtoMessage() {}
+
+func (x *PrepareVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrepareVolumeRequest.ProtoReflect.Descriptor instead.
+func (*PrepareVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *PrepareVolumeRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *PrepareVolumeRequest) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+func (x *PrepareVolumeRequest) GetTmpfs() bool {
+	if x != nil {
+		return x.Tmpfs
+	}
+	return false
+}
+
+func (x *PrepareVolumeRequest) GetTmpfsSizeBytes() uint64 {
+	if x != nil {
+		return x.TmpfsSizeBytes
+	}
+	return 0
+}
+
+// TreeEntry is one entry of a tree below SyncTreeRequest.dir.
+type TreeEntry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// path relative to dir: components separated by "/", none empty, "."
+	// or "..", at most 4096 bytes in all.
+	Path string         `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Kind TreeEntry_Kind `protobuf:"varint,2,opt,name=kind,proto3,enum=cube.agent.v1.TreeEntry_Kind" json:"kind,omitempty"`
+	// Permission bits (and setgid/sticky) of a directory or file.
+	Mode uint32 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"`
+	Uid  uint32 `protobuf:"varint,4,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid  uint32 `protobuf:"varint,5,opt,name=gid,proto3" json:"gid,omitempty"`
+	// data of a file.
+	Data []byte `protobuf:"bytes,6,opt,name=data,proto3" json:"data,omitempty"`
+	// target of a symbolic link, relative, staying inside dir.
+	Target        string `protobuf:"bytes,7,opt,name=target,proto3" json:"target,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TreeEntry) Reset() {
+	*x = TreeEntry{}
+	mi := &file_agent_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TreeEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TreeEntry) ProtoMessage() {}
+
+func (x *TreeEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TreeEntry.ProtoReflect.Descriptor instead.
+func (*TreeEntry) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *TreeEntry) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *TreeEntry) GetKind() TreeEntry_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return TreeEntry_DIR
+}
+
+func (x *TreeEntry) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+func (x *TreeEntry) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *TreeEntry) GetGid() uint32 {
+	if x != nil {
+		return x.Gid
+	}
+	return 0
+}
+
+func (x *TreeEntry) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *TreeEntry) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+type SyncTreeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// dir: absolute, under /run/cube/volumes; made if missing.
+	Dir string `protobuf:"bytes,1,opt,name=dir,proto3" json:"dir,omitempty"`
+	// Mode and owner of dir itself.
+	Mode uint32 `protobuf:"varint,2,opt,name=mode,proto3" json:"mode,omitempty"`
+	Uid  uint32 `protobuf:"varint,3,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid  uint32 `protobuf:"varint,4,opt,name=gid,proto3" json:"gid,omitempty"`
+	// The whole tree: at most MaxTreeEntries entries and MaxTreeBytes bytes
+	// of file data; parents need not come before children.
+	Entries       []*TreeEntry `protobuf:"bytes,5,rep,name=entries,proto3" json:"entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SyncTreeRequest) Reset() {
+	*x = SyncTreeRequest{}
+	mi := &file_agent_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SyncTreeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SyncTreeRequest) ProtoMessage() {}
+
+func (x *SyncTreeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SyncTreeRequest.ProtoReflect.Descriptor instead.
+func (*SyncTreeRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *SyncTreeRequest) GetDir() string {
+	if x != nil {
+		return x.Dir
+	}
+	return ""
+}
+
+func (x *SyncTreeRequest) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+func (x *SyncTreeRequest) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *SyncTreeRequest) GetGid() uint32 {
+	if x != nil {
+		return x.Gid
+	}
+	return 0
+}
+
+func (x *SyncTreeRequest) GetEntries() []*TreeEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+type SyncTreeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Entries written (made or replaced) and removed; 0 and 0: no change.
+	Written       uint32 `protobuf:"varint,1,opt,name=written,proto3" json:"written,omitempty"`
+	Removed       uint32 `protobuf:"varint,2,opt,name=removed,proto3" json:"removed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SyncTreeResponse) Reset() {
+	*x = SyncTreeResponse{}
+	mi := &file_agent_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SyncTreeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SyncTreeResponse) ProtoMessage() {}
+
+func (x *SyncTreeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SyncTreeResponse.ProtoReflect.Descriptor instead.
+func (*SyncTreeResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *SyncTreeResponse) GetWritten() uint32 {
+	if x != nil {
+		return x.Written
+	}
+	return 0
+}
+
+func (x *SyncTreeResponse) GetRemoved() uint32 {
+	if x != nil {
+		return x.Removed
+	}
+	return 0
+}
+
 var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
@@ -3242,7 +3595,33 @@ const file_agent_proto_rawDesc = "" +
 	"\x18ConfigureNetworkResponse\x12\x1e\n" +
 	"\n" +
 	"interfaces\x18\x01 \x03(\tR\n" +
-	"interfaces2\x84\x11\n" +
+	"interfaces\"~\n" +
+	"\x14PrepareVolumeRequest\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
+	"\x04mode\x18\x02 \x01(\rR\x04mode\x12\x14\n" +
+	"\x05tmpfs\x18\x03 \x01(\bR\x05tmpfs\x12(\n" +
+	"\x10tmpfs_size_bytes\x18\x04 \x01(\x04R\x0etmpfsSizeBytes\"\xde\x01\n" +
+	"\tTreeEntry\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x121\n" +
+	"\x04kind\x18\x02 \x01(\x0e2\x1d.cube.agent.v1.TreeEntry.KindR\x04kind\x12\x12\n" +
+	"\x04mode\x18\x03 \x01(\rR\x04mode\x12\x10\n" +
+	"\x03uid\x18\x04 \x01(\rR\x03uid\x12\x10\n" +
+	"\x03gid\x18\x05 \x01(\rR\x03gid\x12\x12\n" +
+	"\x04data\x18\x06 \x01(\fR\x04data\x12\x16\n" +
+	"\x06target\x18\a \x01(\tR\x06target\"&\n" +
+	"\x04Kind\x12\a\n" +
+	"\x03DIR\x10\x00\x12\b\n" +
+	"\x04FILE\x10\x01\x12\v\n" +
+	"\aSYMLINK\x10\x02\"\x8f\x01\n" +
+	"\x0fSyncTreeRequest\x12\x10\n" +
+	"\x03dir\x18\x01 \x01(\tR\x03dir\x12\x12\n" +
+	"\x04mode\x18\x02 \x01(\rR\x04mode\x12\x10\n" +
+	"\x03uid\x18\x03 \x01(\rR\x03uid\x12\x10\n" +
+	"\x03gid\x18\x04 \x01(\rR\x03gid\x122\n" +
+	"\aentries\x18\x05 \x03(\v2\x18.cube.agent.v1.TreeEntryR\aentries\"F\n" +
+	"\x10SyncTreeResponse\x12\x18\n" +
+	"\awritten\x18\x01 \x01(\rR\awritten\x12\x18\n" +
+	"\aremoved\x18\x02 \x01(\rR\aremoved2\x9d\x12\n" +
 	"\x05Agent\x12H\n" +
 	"\aVersion\x12\x1d.cube.agent.v1.VersionRequest\x1a\x1e.cube.agent.v1.VersionResponse\x12E\n" +
 	"\x06Health\x12\x1c.cube.agent.v1.HealthRequest\x1a\x1d.cube.agent.v1.HealthResponse\x12N\n" +
@@ -3274,7 +3653,9 @@ const file_agent_proto_rawDesc = "" +
 	"RemoveFile\x12 .cube.agent.v1.RemoveFileRequest\x1a\x14.cube.agent.v1.Empty\x12H\n" +
 	"\aMakeDir\x12\x1d.cube.agent.v1.MakeDirRequest\x1a\x1e.cube.agent.v1.MakeDirResponse\x12@\n" +
 	"\bPowerOff\x12\x1e.cube.agent.v1.PowerOffRequest\x1a\x14.cube.agent.v1.Empty\x12c\n" +
-	"\x10ConfigureNetwork\x12&.cube.agent.v1.ConfigureNetworkRequest\x1a'.cube.agent.v1.ConfigureNetworkResponseB<Z:github.com/cube-runtime/cube/guest-agent/protocol;protocolb\x06proto3"
+	"\x10ConfigureNetwork\x12&.cube.agent.v1.ConfigureNetworkRequest\x1a'.cube.agent.v1.ConfigureNetworkResponse\x12J\n" +
+	"\rPrepareVolume\x12#.cube.agent.v1.PrepareVolumeRequest\x1a\x14.cube.agent.v1.Empty\x12K\n" +
+	"\bSyncTree\x12\x1e.cube.agent.v1.SyncTreeRequest\x1a\x1f.cube.agent.v1.SyncTreeResponseB<Z:github.com/cube-runtime/cube/guest-agent/protocol;protocolb\x06proto3"
 
 var (
 	file_agent_proto_rawDescOnce sync.Once
@@ -3288,135 +3669,147 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
+var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
 var file_agent_proto_goTypes = []any{
-	(*Empty)(nil),                    // 0: cube.agent.v1.Empty
-	(*VersionRequest)(nil),           // 1: cube.agent.v1.VersionRequest
-	(*VersionResponse)(nil),          // 2: cube.agent.v1.VersionResponse
-	(*HealthRequest)(nil),            // 3: cube.agent.v1.HealthRequest
-	(*HealthResponse)(nil),           // 4: cube.agent.v1.HealthResponse
-	(*MountDiskRequest)(nil),         // 5: cube.agent.v1.MountDiskRequest
-	(*MountDiskResponse)(nil),        // 6: cube.agent.v1.MountDiskResponse
-	(*UnmountDiskRequest)(nil),       // 7: cube.agent.v1.UnmountDiskRequest
-	(*Stdio)(nil),                    // 8: cube.agent.v1.Stdio
-	(*CreateContainerRequest)(nil),   // 9: cube.agent.v1.CreateContainerRequest
-	(*CreateContainerResponse)(nil),  // 10: cube.agent.v1.CreateContainerResponse
-	(*ExecProcessRequest)(nil),       // 11: cube.agent.v1.ExecProcessRequest
-	(*ExecProcessResponse)(nil),      // 12: cube.agent.v1.ExecProcessResponse
-	(*StartRequest)(nil),             // 13: cube.agent.v1.StartRequest
-	(*StartResponse)(nil),            // 14: cube.agent.v1.StartResponse
-	(*SignalRequest)(nil),            // 15: cube.agent.v1.SignalRequest
-	(*WaitRequest)(nil),              // 16: cube.agent.v1.WaitRequest
-	(*WaitResponse)(nil),             // 17: cube.agent.v1.WaitResponse
-	(*StateRequest)(nil),             // 18: cube.agent.v1.StateRequest
-	(*StateResponse)(nil),            // 19: cube.agent.v1.StateResponse
-	(*CloseStdinRequest)(nil),        // 20: cube.agent.v1.CloseStdinRequest
-	(*ResizePtyRequest)(nil),         // 21: cube.agent.v1.ResizePtyRequest
-	(*ListPidsRequest)(nil),          // 22: cube.agent.v1.ListPidsRequest
-	(*ListPidsResponse)(nil),         // 23: cube.agent.v1.ListPidsResponse
-	(*RenameContainerRequest)(nil),   // 24: cube.agent.v1.RenameContainerRequest
-	(*ListProcessesRequest)(nil),     // 25: cube.agent.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil),    // 26: cube.agent.v1.ListProcessesResponse
-	(*ProcessInfo)(nil),              // 27: cube.agent.v1.ProcessInfo
-	(*DeleteRequest)(nil),            // 28: cube.agent.v1.DeleteRequest
-	(*DeleteResponse)(nil),           // 29: cube.agent.v1.DeleteResponse
-	(*FreezeRequest)(nil),            // 30: cube.agent.v1.FreezeRequest
-	(*FreezeResponse)(nil),           // 31: cube.agent.v1.FreezeResponse
-	(*ThawRequest)(nil),              // 32: cube.agent.v1.ThawRequest
-	(*SetTimeRequest)(nil),           // 33: cube.agent.v1.SetTimeRequest
-	(*ReseedRandomRequest)(nil),      // 34: cube.agent.v1.ReseedRandomRequest
-	(*ReadFileRequest)(nil),          // 35: cube.agent.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),         // 36: cube.agent.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),         // 37: cube.agent.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),        // 38: cube.agent.v1.WriteFileResponse
-	(*FileStat)(nil),                 // 39: cube.agent.v1.FileStat
-	(*StatFileRequest)(nil),          // 40: cube.agent.v1.StatFileRequest
-	(*StatFileResponse)(nil),         // 41: cube.agent.v1.StatFileResponse
-	(*ListDirRequest)(nil),           // 42: cube.agent.v1.ListDirRequest
-	(*ListDirResponse)(nil),          // 43: cube.agent.v1.ListDirResponse
-	(*RemoveFileRequest)(nil),        // 44: cube.agent.v1.RemoveFileRequest
-	(*MakeDirRequest)(nil),           // 45: cube.agent.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),          // 46: cube.agent.v1.MakeDirResponse
-	(*PowerOffRequest)(nil),          // 47: cube.agent.v1.PowerOffRequest
-	(*ConfigureNetworkRequest)(nil),  // 48: cube.agent.v1.ConfigureNetworkRequest
-	(*NetInterface)(nil),             // 49: cube.agent.v1.NetInterface
-	(*NetRoute)(nil),                 // 50: cube.agent.v1.NetRoute
-	(*DNSConfig)(nil),                // 51: cube.agent.v1.DNSConfig
-	(*ConfigureNetworkResponse)(nil), // 52: cube.agent.v1.ConfigureNetworkResponse
+	(TreeEntry_Kind)(0),              // 0: cube.agent.v1.TreeEntry.Kind
+	(*Empty)(nil),                    // 1: cube.agent.v1.Empty
+	(*VersionRequest)(nil),           // 2: cube.agent.v1.VersionRequest
+	(*VersionResponse)(nil),          // 3: cube.agent.v1.VersionResponse
+	(*HealthRequest)(nil),            // 4: cube.agent.v1.HealthRequest
+	(*HealthResponse)(nil),           // 5: cube.agent.v1.HealthResponse
+	(*MountDiskRequest)(nil),         // 6: cube.agent.v1.MountDiskRequest
+	(*MountDiskResponse)(nil),        // 7: cube.agent.v1.MountDiskResponse
+	(*UnmountDiskRequest)(nil),       // 8: cube.agent.v1.UnmountDiskRequest
+	(*Stdio)(nil),                    // 9: cube.agent.v1.Stdio
+	(*CreateContainerRequest)(nil),   // 10: cube.agent.v1.CreateContainerRequest
+	(*CreateContainerResponse)(nil),  // 11: cube.agent.v1.CreateContainerResponse
+	(*ExecProcessRequest)(nil),       // 12: cube.agent.v1.ExecProcessRequest
+	(*ExecProcessResponse)(nil),      // 13: cube.agent.v1.ExecProcessResponse
+	(*StartRequest)(nil),             // 14: cube.agent.v1.StartRequest
+	(*StartResponse)(nil),            // 15: cube.agent.v1.StartResponse
+	(*SignalRequest)(nil),            // 16: cube.agent.v1.SignalRequest
+	(*WaitRequest)(nil),              // 17: cube.agent.v1.WaitRequest
+	(*WaitResponse)(nil),             // 18: cube.agent.v1.WaitResponse
+	(*StateRequest)(nil),             // 19: cube.agent.v1.StateRequest
+	(*StateResponse)(nil),            // 20: cube.agent.v1.StateResponse
+	(*CloseStdinRequest)(nil),        // 21: cube.agent.v1.CloseStdinRequest
+	(*ResizePtyRequest)(nil),         // 22: cube.agent.v1.ResizePtyRequest
+	(*ListPidsRequest)(nil),          // 23: cube.agent.v1.ListPidsRequest
+	(*ListPidsResponse)(nil),         // 24: cube.agent.v1.ListPidsResponse
+	(*RenameContainerRequest)(nil),   // 25: cube.agent.v1.RenameContainerRequest
+	(*ListProcessesRequest)(nil),     // 26: cube.agent.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),    // 27: cube.agent.v1.ListProcessesResponse
+	(*ProcessInfo)(nil),              // 28: cube.agent.v1.ProcessInfo
+	(*DeleteRequest)(nil),            // 29: cube.agent.v1.DeleteRequest
+	(*DeleteResponse)(nil),           // 30: cube.agent.v1.DeleteResponse
+	(*FreezeRequest)(nil),            // 31: cube.agent.v1.FreezeRequest
+	(*FreezeResponse)(nil),           // 32: cube.agent.v1.FreezeResponse
+	(*ThawRequest)(nil),              // 33: cube.agent.v1.ThawRequest
+	(*SetTimeRequest)(nil),           // 34: cube.agent.v1.SetTimeRequest
+	(*ReseedRandomRequest)(nil),      // 35: cube.agent.v1.ReseedRandomRequest
+	(*ReadFileRequest)(nil),          // 36: cube.agent.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),         // 37: cube.agent.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),         // 38: cube.agent.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),        // 39: cube.agent.v1.WriteFileResponse
+	(*FileStat)(nil),                 // 40: cube.agent.v1.FileStat
+	(*StatFileRequest)(nil),          // 41: cube.agent.v1.StatFileRequest
+	(*StatFileResponse)(nil),         // 42: cube.agent.v1.StatFileResponse
+	(*ListDirRequest)(nil),           // 43: cube.agent.v1.ListDirRequest
+	(*ListDirResponse)(nil),          // 44: cube.agent.v1.ListDirResponse
+	(*RemoveFileRequest)(nil),        // 45: cube.agent.v1.RemoveFileRequest
+	(*MakeDirRequest)(nil),           // 46: cube.agent.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),          // 47: cube.agent.v1.MakeDirResponse
+	(*PowerOffRequest)(nil),          // 48: cube.agent.v1.PowerOffRequest
+	(*ConfigureNetworkRequest)(nil),  // 49: cube.agent.v1.ConfigureNetworkRequest
+	(*NetInterface)(nil),             // 50: cube.agent.v1.NetInterface
+	(*NetRoute)(nil),                 // 51: cube.agent.v1.NetRoute
+	(*DNSConfig)(nil),                // 52: cube.agent.v1.DNSConfig
+	(*ConfigureNetworkResponse)(nil), // 53: cube.agent.v1.ConfigureNetworkResponse
+	(*PrepareVolumeRequest)(nil),     // 54: cube.agent.v1.PrepareVolumeRequest
+	(*TreeEntry)(nil),                // 55: cube.agent.v1.TreeEntry
+	(*SyncTreeRequest)(nil),          // 56: cube.agent.v1.SyncTreeRequest
+	(*SyncTreeResponse)(nil),         // 57: cube.agent.v1.SyncTreeResponse
 }
 var file_agent_proto_depIdxs = []int32{
-	8,  // 0: cube.agent.v1.CreateContainerRequest.stdio:type_name -> cube.agent.v1.Stdio
-	8,  // 1: cube.agent.v1.ExecProcessRequest.stdio:type_name -> cube.agent.v1.Stdio
-	27, // 2: cube.agent.v1.ListProcessesResponse.processes:type_name -> cube.agent.v1.ProcessInfo
-	8,  // 3: cube.agent.v1.ProcessInfo.stdio:type_name -> cube.agent.v1.Stdio
-	39, // 4: cube.agent.v1.StatFileResponse.stat:type_name -> cube.agent.v1.FileStat
-	39, // 5: cube.agent.v1.ListDirResponse.entries:type_name -> cube.agent.v1.FileStat
-	49, // 6: cube.agent.v1.ConfigureNetworkRequest.interfaces:type_name -> cube.agent.v1.NetInterface
-	51, // 7: cube.agent.v1.ConfigureNetworkRequest.dns:type_name -> cube.agent.v1.DNSConfig
-	50, // 8: cube.agent.v1.NetInterface.routes:type_name -> cube.agent.v1.NetRoute
-	1,  // 9: cube.agent.v1.Agent.Version:input_type -> cube.agent.v1.VersionRequest
-	3,  // 10: cube.agent.v1.Agent.Health:input_type -> cube.agent.v1.HealthRequest
-	5,  // 11: cube.agent.v1.Agent.MountDisk:input_type -> cube.agent.v1.MountDiskRequest
-	7,  // 12: cube.agent.v1.Agent.UnmountDisk:input_type -> cube.agent.v1.UnmountDiskRequest
-	9,  // 13: cube.agent.v1.Agent.CreateContainer:input_type -> cube.agent.v1.CreateContainerRequest
-	11, // 14: cube.agent.v1.Agent.ExecProcess:input_type -> cube.agent.v1.ExecProcessRequest
-	13, // 15: cube.agent.v1.Agent.Start:input_type -> cube.agent.v1.StartRequest
-	15, // 16: cube.agent.v1.Agent.Signal:input_type -> cube.agent.v1.SignalRequest
-	16, // 17: cube.agent.v1.Agent.Wait:input_type -> cube.agent.v1.WaitRequest
-	18, // 18: cube.agent.v1.Agent.State:input_type -> cube.agent.v1.StateRequest
-	20, // 19: cube.agent.v1.Agent.CloseStdin:input_type -> cube.agent.v1.CloseStdinRequest
-	21, // 20: cube.agent.v1.Agent.ResizePty:input_type -> cube.agent.v1.ResizePtyRequest
-	22, // 21: cube.agent.v1.Agent.ListPids:input_type -> cube.agent.v1.ListPidsRequest
-	25, // 22: cube.agent.v1.Agent.ListProcesses:input_type -> cube.agent.v1.ListProcessesRequest
-	24, // 23: cube.agent.v1.Agent.RenameContainer:input_type -> cube.agent.v1.RenameContainerRequest
-	28, // 24: cube.agent.v1.Agent.Delete:input_type -> cube.agent.v1.DeleteRequest
-	0,  // 25: cube.agent.v1.Agent.SyncFilesystems:input_type -> cube.agent.v1.Empty
-	30, // 26: cube.agent.v1.Agent.FreezeFilesystems:input_type -> cube.agent.v1.FreezeRequest
-	32, // 27: cube.agent.v1.Agent.ThawFilesystems:input_type -> cube.agent.v1.ThawRequest
-	33, // 28: cube.agent.v1.Agent.SetTime:input_type -> cube.agent.v1.SetTimeRequest
-	34, // 29: cube.agent.v1.Agent.ReseedRandom:input_type -> cube.agent.v1.ReseedRandomRequest
-	35, // 30: cube.agent.v1.Agent.ReadFile:input_type -> cube.agent.v1.ReadFileRequest
-	37, // 31: cube.agent.v1.Agent.WriteFile:input_type -> cube.agent.v1.WriteFileRequest
-	40, // 32: cube.agent.v1.Agent.StatFile:input_type -> cube.agent.v1.StatFileRequest
-	42, // 33: cube.agent.v1.Agent.ListDir:input_type -> cube.agent.v1.ListDirRequest
-	44, // 34: cube.agent.v1.Agent.RemoveFile:input_type -> cube.agent.v1.RemoveFileRequest
-	45, // 35: cube.agent.v1.Agent.MakeDir:input_type -> cube.agent.v1.MakeDirRequest
-	47, // 36: cube.agent.v1.Agent.PowerOff:input_type -> cube.agent.v1.PowerOffRequest
-	48, // 37: cube.agent.v1.Agent.ConfigureNetwork:input_type -> cube.agent.v1.ConfigureNetworkRequest
-	2,  // 38: cube.agent.v1.Agent.Version:output_type -> cube.agent.v1.VersionResponse
-	4,  // 39: cube.agent.v1.Agent.Health:output_type -> cube.agent.v1.HealthResponse
-	6,  // 40: cube.agent.v1.Agent.MountDisk:output_type -> cube.agent.v1.MountDiskResponse
-	0,  // 41: cube.agent.v1.Agent.UnmountDisk:output_type -> cube.agent.v1.Empty
-	10, // 42: cube.agent.v1.Agent.CreateContainer:output_type -> cube.agent.v1.CreateContainerResponse
-	12, // 43: cube.agent.v1.Agent.ExecProcess:output_type -> cube.agent.v1.ExecProcessResponse
-	14, // 44: cube.agent.v1.Agent.Start:output_type -> cube.agent.v1.StartResponse
-	0,  // 45: cube.agent.v1.Agent.Signal:output_type -> cube.agent.v1.Empty
-	17, // 46: cube.agent.v1.Agent.Wait:output_type -> cube.agent.v1.WaitResponse
-	19, // 47: cube.agent.v1.Agent.State:output_type -> cube.agent.v1.StateResponse
-	0,  // 48: cube.agent.v1.Agent.CloseStdin:output_type -> cube.agent.v1.Empty
-	0,  // 49: cube.agent.v1.Agent.ResizePty:output_type -> cube.agent.v1.Empty
-	23, // 50: cube.agent.v1.Agent.ListPids:output_type -> cube.agent.v1.ListPidsResponse
-	26, // 51: cube.agent.v1.Agent.ListProcesses:output_type -> cube.agent.v1.ListProcessesResponse
-	0,  // 52: cube.agent.v1.Agent.RenameContainer:output_type -> cube.agent.v1.Empty
-	29, // 53: cube.agent.v1.Agent.Delete:output_type -> cube.agent.v1.DeleteResponse
-	0,  // 54: cube.agent.v1.Agent.SyncFilesystems:output_type -> cube.agent.v1.Empty
-	31, // 55: cube.agent.v1.Agent.FreezeFilesystems:output_type -> cube.agent.v1.FreezeResponse
-	0,  // 56: cube.agent.v1.Agent.ThawFilesystems:output_type -> cube.agent.v1.Empty
-	0,  // 57: cube.agent.v1.Agent.SetTime:output_type -> cube.agent.v1.Empty
-	0,  // 58: cube.agent.v1.Agent.ReseedRandom:output_type -> cube.agent.v1.Empty
-	36, // 59: cube.agent.v1.Agent.ReadFile:output_type -> cube.agent.v1.ReadFileResponse
-	38, // 60: cube.agent.v1.Agent.WriteFile:output_type -> cube.agent.v1.WriteFileResponse
-	41, // 61: cube.agent.v1.Agent.StatFile:output_type -> cube.agent.v1.StatFileResponse
-	43, // 62: cube.agent.v1.Agent.ListDir:output_type -> cube.agent.v1.ListDirResponse
-	0,  // 63: cube.agent.v1.Agent.RemoveFile:output_type -> cube.agent.v1.Empty
-	46, // 64: cube.agent.v1.Agent.MakeDir:output_type -> cube.agent.v1.MakeDirResponse
-	0,  // 65: cube.agent.v1.Agent.PowerOff:output_type -> cube.agent.v1.Empty
-	52, // 66: cube.agent.v1.Agent.ConfigureNetwork:output_type -> cube.agent.v1.ConfigureNetworkResponse
-	38, // [38:67] is the sub-list for method output_type
-	9,  // [9:38] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	9,  // 0: cube.agent.v1.CreateContainerRequest.stdio:type_name -> cube.agent.v1.Stdio
+	9,  // 1: cube.agent.v1.ExecProcessRequest.stdio:type_name -> cube.agent.v1.Stdio
+	28, // 2: cube.agent.v1.ListProcessesResponse.processes:type_name -> cube.agent.v1.ProcessInfo
+	9,  // 3: cube.agent.v1.ProcessInfo.stdio:type_name -> cube.agent.v1.Stdio
+	40, // 4: cube.agent.v1.StatFileResponse.stat:type_name -> cube.agent.v1.FileStat
+	40, // 5: cube.agent.v1.ListDirResponse.entries:type_name -> cube.agent.v1.FileStat
+	50, // 6: cube.agent.v1.ConfigureNetworkRequest.interfaces:type_name -> cube.agent.v1.NetInterface
+	52, // 7: cube.agent.v1.ConfigureNetworkRequest.dns:type_name -> cube.agent.v1.DNSConfig
+	51, // 8: cube.agent.v1.NetInterface.routes:type_name -> cube.agent.v1.NetRoute
+	0,  // 9: cube.agent.v1.TreeEntry.kind:type_name -> cube.agent.v1.TreeEntry.Kind
+	55, // 10: cube.agent.v1.SyncTreeRequest.entries:type_name -> cube.agent.v1.TreeEntry
+	2,  // 11: cube.agent.v1.Agent.Version:input_type -> cube.agent.v1.VersionRequest
+	4,  // 12: cube.agent.v1.Agent.Health:input_type -> cube.agent.v1.HealthRequest
+	6,  // 13: cube.agent.v1.Agent.MountDisk:input_type -> cube.agent.v1.MountDiskRequest
+	8,  // 14: cube.agent.v1.Agent.UnmountDisk:input_type -> cube.agent.v1.UnmountDiskRequest
+	10, // 15: cube.agent.v1.Agent.CreateContainer:input_type -> cube.agent.v1.CreateContainerRequest
+	12, // 16: cube.agent.v1.Agent.ExecProcess:input_type -> cube.agent.v1.ExecProcessRequest
+	14, // 17: cube.agent.v1.Agent.Start:input_type -> cube.agent.v1.StartRequest
+	16, // 18: cube.agent.v1.Agent.Signal:input_type -> cube.agent.v1.SignalRequest
+	17, // 19: cube.agent.v1.Agent.Wait:input_type -> cube.agent.v1.WaitRequest
+	19, // 20: cube.agent.v1.Agent.State:input_type -> cube.agent.v1.StateRequest
+	21, // 21: cube.agent.v1.Agent.CloseStdin:input_type -> cube.agent.v1.CloseStdinRequest
+	22, // 22: cube.agent.v1.Agent.ResizePty:input_type -> cube.agent.v1.ResizePtyRequest
+	23, // 23: cube.agent.v1.Agent.ListPids:input_type -> cube.agent.v1.ListPidsRequest
+	26, // 24: cube.agent.v1.Agent.ListProcesses:input_type -> cube.agent.v1.ListProcessesRequest
+	25, // 25: cube.agent.v1.Agent.RenameContainer:input_type -> cube.agent.v1.RenameContainerRequest
+	29, // 26: cube.agent.v1.Agent.Delete:input_type -> cube.agent.v1.DeleteRequest
+	1,  // 27: cube.agent.v1.Agent.SyncFilesystems:input_type -> cube.agent.v1.Empty
+	31, // 28: cube.agent.v1.Agent.FreezeFilesystems:input_type -> cube.agent.v1.FreezeRequest
+	33, // 29: cube.agent.v1.Agent.ThawFilesystems:input_type -> cube.agent.v1.ThawRequest
+	34, // 30: cube.agent.v1.Agent.SetTime:input_type -> cube.agent.v1.SetTimeRequest
+	35, // 31: cube.agent.v1.Agent.ReseedRandom:input_type -> cube.agent.v1.ReseedRandomRequest
+	36, // 32: cube.agent.v1.Agent.ReadFile:input_type -> cube.agent.v1.ReadFileRequest
+	38, // 33: cube.agent.v1.Agent.WriteFile:input_type -> cube.agent.v1.WriteFileRequest
+	41, // 34: cube.agent.v1.Agent.StatFile:input_type -> cube.agent.v1.StatFileRequest
+	43, // 35: cube.agent.v1.Agent.ListDir:input_type -> cube.agent.v1.ListDirRequest
+	45, // 36: cube.agent.v1.Agent.RemoveFile:input_type -> cube.agent.v1.RemoveFileRequest
+	46, // 37: cube.agent.v1.Agent.MakeDir:input_type -> cube.agent.v1.MakeDirRequest
+	48, // 38: cube.agent.v1.Agent.PowerOff:input_type -> cube.agent.v1.PowerOffRequest
+	49, // 39: cube.agent.v1.Agent.ConfigureNetwork:input_type -> cube.agent.v1.ConfigureNetworkRequest
+	54, // 40: cube.agent.v1.Agent.PrepareVolume:input_type -> cube.agent.v1.PrepareVolumeRequest
+	56, // 41: cube.agent.v1.Agent.SyncTree:input_type -> cube.agent.v1.SyncTreeRequest
+	3,  // 42: cube.agent.v1.Agent.Version:output_type -> cube.agent.v1.VersionResponse
+	5,  // 43: cube.agent.v1.Agent.Health:output_type -> cube.agent.v1.HealthResponse
+	7,  // 44: cube.agent.v1.Agent.MountDisk:output_type -> cube.agent.v1.MountDiskResponse
+	1,  // 45: cube.agent.v1.Agent.UnmountDisk:output_type -> cube.agent.v1.Empty
+	11, // 46: cube.agent.v1.Agent.CreateContainer:output_type -> cube.agent.v1.CreateContainerResponse
+	13, // 47: cube.agent.v1.Agent.ExecProcess:output_type -> cube.agent.v1.ExecProcessResponse
+	15, // 48: cube.agent.v1.Agent.Start:output_type -> cube.agent.v1.StartResponse
+	1,  // 49: cube.agent.v1.Agent.Signal:output_type -> cube.agent.v1.Empty
+	18, // 50: cube.agent.v1.Agent.Wait:output_type -> cube.agent.v1.WaitResponse
+	20, // 51: cube.agent.v1.Agent.State:output_type -> cube.agent.v1.StateResponse
+	1,  // 52: cube.agent.v1.Agent.CloseStdin:output_type -> cube.agent.v1.Empty
+	1,  // 53: cube.agent.v1.Agent.ResizePty:output_type -> cube.agent.v1.Empty
+	24, // 54: cube.agent.v1.Agent.ListPids:output_type -> cube.agent.v1.ListPidsResponse
+	27, // 55: cube.agent.v1.Agent.ListProcesses:output_type -> cube.agent.v1.ListProcessesResponse
+	1,  // 56: cube.agent.v1.Agent.RenameContainer:output_type -> cube.agent.v1.Empty
+	30, // 57: cube.agent.v1.Agent.Delete:output_type -> cube.agent.v1.DeleteResponse
+	1,  // 58: cube.agent.v1.Agent.SyncFilesystems:output_type -> cube.agent.v1.Empty
+	32, // 59: cube.agent.v1.Agent.FreezeFilesystems:output_type -> cube.agent.v1.FreezeResponse
+	1,  // 60: cube.agent.v1.Agent.ThawFilesystems:output_type -> cube.agent.v1.Empty
+	1,  // 61: cube.agent.v1.Agent.SetTime:output_type -> cube.agent.v1.Empty
+	1,  // 62: cube.agent.v1.Agent.ReseedRandom:output_type -> cube.agent.v1.Empty
+	37, // 63: cube.agent.v1.Agent.ReadFile:output_type -> cube.agent.v1.ReadFileResponse
+	39, // 64: cube.agent.v1.Agent.WriteFile:output_type -> cube.agent.v1.WriteFileResponse
+	42, // 65: cube.agent.v1.Agent.StatFile:output_type -> cube.agent.v1.StatFileResponse
+	44, // 66: cube.agent.v1.Agent.ListDir:output_type -> cube.agent.v1.ListDirResponse
+	1,  // 67: cube.agent.v1.Agent.RemoveFile:output_type -> cube.agent.v1.Empty
+	47, // 68: cube.agent.v1.Agent.MakeDir:output_type -> cube.agent.v1.MakeDirResponse
+	1,  // 69: cube.agent.v1.Agent.PowerOff:output_type -> cube.agent.v1.Empty
+	53, // 70: cube.agent.v1.Agent.ConfigureNetwork:output_type -> cube.agent.v1.ConfigureNetworkResponse
+	1,  // 71: cube.agent.v1.Agent.PrepareVolume:output_type -> cube.agent.v1.Empty
+	57, // 72: cube.agent.v1.Agent.SyncTree:output_type -> cube.agent.v1.SyncTreeResponse
+	42, // [42:73] is the sub-list for method output_type
+	11, // [11:42] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -3429,13 +3822,14 @@ func file_agent_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   53,
+			NumEnums:      1,
+			NumMessages:   57,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_agent_proto_goTypes,
 		DependencyIndexes: file_agent_proto_depIdxs,
+		EnumInfos:         file_agent_proto_enumTypes,
 		MessageInfos:      file_agent_proto_msgTypes,
 	}.Build()
 	File_agent_proto = out.File

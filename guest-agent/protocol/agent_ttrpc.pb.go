@@ -37,6 +37,8 @@ type AgentService interface {
 	MakeDir(context.Context, *MakeDirRequest) (*MakeDirResponse, error)
 	PowerOff(context.Context, *PowerOffRequest) (*Empty, error)
 	ConfigureNetwork(context.Context, *ConfigureNetworkRequest) (*ConfigureNetworkResponse, error)
+	PrepareVolume(context.Context, *PrepareVolumeRequest) (*Empty, error)
+	SyncTree(context.Context, *SyncTreeRequest) (*SyncTreeResponse, error)
 }
 
 func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
@@ -244,6 +246,20 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.ConfigureNetwork(ctx, &req)
+			},
+			"PrepareVolume": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req PrepareVolumeRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.PrepareVolume(ctx, &req)
+			},
+			"SyncTree": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req SyncTreeRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.SyncTree(ctx, &req)
 			},
 		},
 	})
@@ -486,6 +502,22 @@ func (c *agentClient) PowerOff(ctx context.Context, req *PowerOffRequest) (*Empt
 func (c *agentClient) ConfigureNetwork(ctx context.Context, req *ConfigureNetworkRequest) (*ConfigureNetworkResponse, error) {
 	var resp ConfigureNetworkResponse
 	if err := c.client.Call(ctx, "cube.agent.v1.Agent", "ConfigureNetwork", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) PrepareVolume(ctx context.Context, req *PrepareVolumeRequest) (*Empty, error) {
+	var resp Empty
+	if err := c.client.Call(ctx, "cube.agent.v1.Agent", "PrepareVolume", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) SyncTree(ctx context.Context, req *SyncTreeRequest) (*SyncTreeResponse, error) {
+	var resp SyncTreeResponse
+	if err := c.client.Call(ctx, "cube.agent.v1.Agent", "SyncTree", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

@@ -61,6 +61,16 @@ const (
 	// MaxDirEntries bounds the entries of one ListDir answer (each at most
 	// 255 bytes of name and a 4 KiB symlink target: within 4 MiB).
 	MaxDirEntries = 500
+	// MaxTreeBytes bounds the file data of one SyncTree request, and so a
+	// volume copied into the guest (Kubernetes keeps a configMap or secret
+	// under 1 MiB; the rest of the 4 MiB ttrpc message is metadata).
+	MaxTreeBytes = 3 << 20
+	// MaxTreeEntries bounds the entries of one SyncTree request.
+	MaxTreeEntries = 4096
+	// VolumeRoot is where SyncTree's directories live in the guest;
+	// PrepareVolume's live under RunRoot.
+	VolumeRoot = "/run/cube/volumes"
+	RunRoot    = "/run/cube"
 	// MaxSpecSize bounds the JSON OCI spec or process in a request.
 	MaxSpecSize = 1 << 20
 	// MaxIDLength bounds container and exec ids.

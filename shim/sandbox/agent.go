@@ -91,6 +91,15 @@ type AgentClient interface {
 	// WriteFile writes data as the guest file path (absolute, in the guest's
 	// own root), creating parent directories; mode 0 means 0644.
 	WriteFile(ctx context.Context, path string, data []byte, mode uint32) error
+	// ReadFile reads up to max bytes of the guest file path (in the guest's
+	// own root).
+	ReadFile(ctx context.Context, path string, max int) ([]byte, error)
+	// SyncTree makes the guest directory dir hold exactly t, swapping it
+	// the way the kubelet does (agent.proto: SyncTree).
+	SyncTree(ctx context.Context, dir string, t Tree) (TreeResult, error)
+	// PrepareVolume makes a guest directory (or tmpfs) for a volume that
+	// lives in the guest; idempotent.
+	PrepareVolume(ctx context.Context, req VolumeRequest) error
 	// OpenStream attaches one stdio stream of a created process. For stdin
 	// the host's half-close (CloseWrite) is EOF; output streams end at EOF.
 	OpenStream(ctx context.Context, containerID, execID string, s Stream) (net.Conn, error)

@@ -204,6 +204,42 @@ func (a *protocolAgent) WriteFile(ctx context.Context, path string, data []byte,
 	}
 }
 
+func (a *protocolAgent) ReadFile(ctx context.Context, path string, max int) ([]byte, error) {
+	var out []byte
+	for len(out) < max {
+		n := min(max-len(out), protocol.MaxFileChunk)
+		r, err := a.c.ReadFile(ctx, &protocol.ReadFileRequest{Path: path, Offset: int64(len(out)), Length: uint32(n)})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r.GetData()...)
+		if r.GetEof() || len(r.GetData()) == 0 {
+			break
+		}
+	}
+	return out, nil
+}
+
+func (a *protocolAgent) SyncTree(ctx context.Context, dir string, t Tree) (TreeResult, error) {
+	req := &protocol.SyncTreeRequest{Dir: dir, Mode: t.Mode, Uid: t.UID, Gid: t.GID,
+		Entries: make([]*protocol.TreeEntry, 0, len(t.Entries))}
+	for _, e := range t.Entries {
+		req.Entries = append(req.Entries, &protocol.TreeEntry{Path: e.Path, Kind: protocol.TreeEntry_Kind(e.Kind),
+			Mode: e.Mode, Uid: e.UID, Gid: e.GID, Data: e.Data, Target: e.Target})
+	}
+	r, err := a.c.SyncTree(ctx, req)
+	if err != nil {
+		return TreeResult{}, err
+	}
+	return TreeResult{Written: r.GetWritten(), Removed: r.GetRemoved()}, nil
+}
+
+func (a *protocolAgent) PrepareVolume(ctx context.Context, req VolumeRequest) error {
+	_, err := a.c.PrepareVolume(ctx, &protocol.PrepareVolumeRequest{Path: req.Path, Mode: req.Mode,
+		Tmpfs: req.Tmpfs, TmpfsSizeBytes: req.TmpfsSize})
+	return err
+}
+
 func (a *protocolAgent) ListProcesses(ctx context.Context) ([]GuestProcess, error) {
 	r, err := a.c.ListProcesses(ctx, &protocol.ListProcessesRequest{})
 	if err != nil {

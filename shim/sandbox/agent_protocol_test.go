@@ -162,3 +162,11 @@ func TestProtocolAdapter(t *testing.T) {
 		t.Fatalf("header %+v", h)
 	}
 }
+
+func TestTreeKindsMatchTheProtocol(t *testing.T) {
+	for k, p := range map[TreeKind]protocol.TreeEntry_Kind{TreeDir: protocol.TreeEntry_DIR, TreeFile: protocol.TreeEntry_FILE, TreeSymlink: protocol.TreeEntry_SYMLINK} {
+		if protocol.TreeEntry_Kind(k) != p {
+			t.Errorf("%v = %d, the protocol's %v = %d", k, k, p, p)
+		}
+	}
+}

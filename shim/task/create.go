@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"time"
 
 	eventstypes "github.com/containerd/containerd/api/events"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
@@ -25,6 +26,9 @@ import (
 
 // maxSpecSize bounds config.json (the agent refuses larger specs too).
 const maxSpecSize = 1 << 20
+
+// terminationLogTimeout bounds copying termination logs back at an exit.
+const terminationLogTimeout = 10 * time.Second
 
 // maxIDLength matches the agent's id limit.
 const maxIDLength = 128
@@ -207,7 +211,13 @@ func (s *Service) Create(ctx context.Context, req *taskAPI.CreateTaskRequest) (_
 	if err != nil {
 		return nil, err
 	}
-	if guestSpec, err = s.translateSpec(ctx, sb, req.ID, sandboxID, guestSpec); err != nil {
+	var use volumeUse
+	defer func() {
+		if retErr != nil {
+			s.releaseVolumes(nil, use)
+		}
+	}()
+	if guestSpec, err = s.translateSpec(ctx, sb, req.ID, sandboxID, mountPoint, guestSpec, &use); err != nil {
 		return nil, err
 	}
 	uris := stdioURIs{stdin: req.Stdin, stdout: req.Stdout, stderr: req.Stderr, terminal: req.Terminal || spec.Process.Terminal}
@@ -219,7 +229,8 @@ func (s *Service) Create(ctx context.Context, req *taskAPI.CreateTaskRequest) (_
 	if err != nil {
 		return nil, err
 	}
-	c := &container{id: req.ID, bundle: req.Bundle, rootfs: image, stdio: uris, init: p, execs: map[string]*execProc{}}
+	c := &container{id: req.ID, bundle: req.Bundle, rootfs: image, stdio: uris, init: p, execs: map[string]*execProc{},
+		guestRoot: mountPoint, volumes: use}
 	s.mu.Lock()
 	s.containers[req.ID] = c
 	s.mu.Unlock()
@@ -259,6 +270,7 @@ func (s *Service) ensureSandbox(ctx context.Context, req *taskAPI.CreateTaskRequ
 	if err := sb.Start(ctx, image, req.ID); err != nil {
 		return nil, false, err
 	}
+	s.startVolumes(sb)
 	s.mu.Lock()
 	s.sb = sb
 	s.mu.Unlock()
@@ -347,6 +359,16 @@ func (f fullCloser) CloseWrite() error { return f.Conn.Close() }
 
 // processExited publishes the exit event, after the start event (lifecycleMu).
 func (s *Service) processExited(p *process.Process) {
+	if p.ExecID() == "" {
+		// Ordering: the kubelet reads the termination message once it
+		// learns of the exit.
+		s.mu.Lock()
+		c := s.containers[p.ContainerID()]
+		s.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), terminationLogTimeout)
+		s.copyTerminationLogs(ctx, c)
+		cancel()
+	}
 	s.lifecycleMu.Lock()
 	defer s.lifecycleMu.Unlock()
 	e := p.ExitStatus()

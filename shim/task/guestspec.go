@@ -4,9 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -16,41 +13,26 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/cube-runtime/cube/shim/sandbox"
+	"github.com/cube-runtime/cube/shim/volume"
 )
 
 // A container spec from containerd names host resources the guest cannot
 // see. CRI's are the common case: /etc/hosts, /etc/hostname and
 // /etc/resolv.conf bind-mounted from files in the sandbox's host state dir,
-// /dev/shm from a host tmpfs, and a pod member joins the pod's namespaces
-// through /proc/<sandbox pid>/ns/… where the sandbox pid is the VMM's host
-// pid (the pid this shim reports). guestSpec rewrites those into their guest
+// the kubelet's volumes bind-mounted from its pod directory, /dev/shm from
+// a host tmpfs, and a pod member joins the pod's namespaces through
+// /proc/<sandbox pid>/ns/… where the sandbox pid is the VMM's host pid (the
+// pid this shim reports). guestSpec rewrites those into their guest
 // equivalents:
-//   - a bind mount of a host regular file (up to maxCopiedFile) is copied
-//     into the guest under guestFilesDir/<container>/ and bound from there
-//     (a copy taken at Create: later host edits do not propagate);
-//   - a bind mount of a host directory at /dev/shm becomes a tmpfs;
-//   - any other host directory bind is refused (no shared filesystem yet);
+//   - host bind mounts as volumes.go says (emptyDir in the VM, copied and
+//     synced configMap/secret/projected/downwardAPI trees and host files,
+//     /dev/shm a tmpfs, other host directories refused);
 //   - /proc/<VMM pid>/ns/<type> becomes /proc/<guest pid of the sandbox
 //     container>/ns/<type>; a network namespace path from the host (CNI's
 //     netns) is dropped, so the pod gets a network namespace of its own in
 //     the guest; other host namespace paths are refused.
 
-// guestFilesDir holds host files copied into the guest for bind mounts.
-const guestFilesDir = "/run/cube/files"
-
-// maxCopiedFile bounds a host file copied into the guest for a bind mount.
-const maxCopiedFile = 1 << 20
-
-// shmOptions mount the tmpfs standing in for a host /dev/shm (CRI's default
-// shm size, 64 MiB).
-var shmOptions = []string{"nosuid", "nodev", "noexec", "mode=1777", "size=65536k"}
-
 var procNSPath = regexp.MustCompile(`^/proc/([0-9]+)/ns/([a-z]+)$`)
-
-// guestFileWriter is the agent call guestSpec copies files with.
-type guestFileWriter interface {
-	WriteFile(ctx context.Context, path string, data []byte, mode uint32) error
-}
 
 // specEnv is what guestSpec needs to know about the sandbox.
 type specEnv struct {
@@ -62,8 +44,14 @@ type specEnv struct {
 	// guestNetwork: the VM has a NIC from the host (a CRI pod's CNI
 	// network), configured in the guest's initial network namespace.
 	guestNetwork bool
-	files        guestFileWriter
-	log          logrus.FieldLogger
+	// sandboxRoot is the guest mount point of the sandbox container's
+	// rootfs disk, where emptyDir volumes live ("" if unknown).
+	sandboxRoot string
+	agent       guestVolumes
+	volumes     *volume.Syncer
+	log         logrus.FieldLogger
+	// use collects what the container's mounts hold in the guest.
+	use *volumeUse
 }
 
 // guestSpec returns raw (a spec already carrying the guest root) with host
@@ -122,45 +110,6 @@ func isBind(m *specs.Mount) bool {
 	return m.Type == "bind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
 }
 
-func guestMount(ctx context.Context, m *specs.Mount, i int, env specEnv) error {
-	if !isBind(m) {
-		return nil
-	}
-	fi, err := os.Stat(m.Source)
-	if err != nil {
-		return fmt.Errorf("bind mount at %s: host source: %v: %w", m.Destination, err, errdefs.ErrInvalidArgument)
-	}
-	switch {
-	case fi.IsDir() && path.Clean(m.Destination) == "/dev/shm":
-		opts := slices.Clone(shmOptions)
-		if slices.Contains(m.Options, "ro") {
-			opts = append(opts, "ro")
-		}
-		*m = specs.Mount{Destination: m.Destination, Type: "tmpfs", Source: "shm", Options: opts}
-		return nil
-	case fi.Mode().IsRegular():
-		if fi.Size() > maxCopiedFile {
-			return fmt.Errorf("bind mount of host file %s at %s: %d bytes, more than the %d copied into the VM: %w",
-				m.Source, m.Destination, fi.Size(), maxCopiedFile, errdefs.ErrInvalidArgument)
-		}
-		data, err := os.ReadFile(m.Source)
-		if err != nil {
-			return fmt.Errorf("bind mount at %s: read host file: %w", m.Destination, err)
-		}
-		dst := path.Join(guestFilesDir, env.containerID, strconv.Itoa(i)+"-"+filepath.Base(m.Source))
-		if err := env.files.WriteFile(ctx, dst, data, uint32(fi.Mode().Perm())); err != nil {
-			return fmt.Errorf("copy %s into the VM for the bind mount at %s: %w", m.Source, m.Destination, err)
-		}
-		if env.log != nil {
-			env.log.WithFields(logrus.Fields{"host": m.Source, "guest": dst, "destination": m.Destination}).Debug("host file copied into the VM")
-		}
-		m.Source = dst
-		return nil
-	}
-	return fmt.Errorf("bind mount of host %s %s at %s: the VM cannot see host directories or devices (no shared filesystem yet; only regular files up to %d bytes are copied in): %w",
-		fi.Mode().Type(), m.Source, m.Destination, maxCopiedFile, errdefs.ErrInvalidArgument)
-}
-
 func guestNamespace(ns *specs.LinuxNamespace, env specEnv) error {
 	if ns.Path == "" {
 		return nil
@@ -188,13 +137,17 @@ func guestNamespace(ns *specs.LinuxNamespace, env specEnv) error {
 		ns.Type, ns.Path, errdefs.ErrInvalidArgument)
 }
 
-// translateSpec is guestSpec for container id of sandbox sandboxID in sb.
-func (s *Service) translateSpec(ctx context.Context, sb *sandbox.Sandbox, id, sandboxID string, raw []byte) ([]byte, error) {
-	env := specEnv{containerID: id, vmmPid: sb.Pid(), files: sb.Agent(), guestNetwork: sb.HasNetwork(), log: s.o.Log.WithField("container", id)}
+// translateSpec is guestSpec for container id of sandbox sandboxID in sb,
+// whose rootfs is mounted at guestRoot; use collects its volumes.
+func (s *Service) translateSpec(ctx context.Context, sb *sandbox.Sandbox, id, sandboxID, guestRoot string, raw []byte, use *volumeUse) ([]byte, error) {
+	env := specEnv{containerID: id, vmmPid: sb.Pid(), agent: sb.Agent(), guestNetwork: sb.HasNetwork(),
+		log: s.o.Log.WithField("container", id), use: use, sandboxRoot: guestRoot}
 	s.mu.Lock()
 	if c := s.containers[sandboxID]; c != nil && c.init != nil && sandboxID != id {
 		env.sandboxGuestPid = c.init.GuestPid()
+		env.sandboxRoot = c.guestRoot
 	}
+	env.volumes = s.volumes
 	s.mu.Unlock()
 	return guestSpec(ctx, raw, env)
 }

@@ -9,16 +9,21 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cube-runtime/cube/shim/sandbox/sandboxtest"
+	"github.com/cube-runtime/cube/shim/volume"
 )
 
-type recordedFiles map[string]string
-
-func (r recordedFiles) WriteFile(_ context.Context, path string, data []byte, mode uint32) error {
-	r[path] = fmt.Sprintf("%o:%s", mode, data)
-	return nil
+// testEnv is a specEnv on a fake agent, with a Syncer pushing into it.
+func testEnv(t *testing.T, id string) (specEnv, *sandboxtest.Agent) {
+	a := sandboxtest.NewAgent()
+	syncer := volume.NewSyncer(volume.SyncerOptions{Agent: func() volume.Agent { return a }, Interval: 10 * time.Millisecond})
+	t.Cleanup(syncer.Close)
+	return specEnv{containerID: id, vmmPid: 4242, agent: a, volumes: syncer, use: &volumeUse{}}, a
 }
 
 // A CRI pod member's spec, as containerd 2.4 writes it (host network: no
@@ -62,8 +67,9 @@ func criSpec(t *testing.T, sandboxDir string, vmmPid int) []byte {
 
 func TestGuestSpecCRIPodMember(t *testing.T) {
 	dir := t.TempDir()
-	files := recordedFiles{}
-	out, err := guestSpec(context.Background(), criSpec(t, dir, 4242), specEnv{containerID: "app1", vmmPid: 4242, sandboxGuestPid: 77, files: files})
+	env, agent := testEnv(t, "app1")
+	env.sandboxGuestPid = 77
+	out, err := guestSpec(context.Background(), criSpec(t, dir, 4242), env)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,8 +93,8 @@ func TestGuestSpecCRIPodMember(t *testing.T) {
 			t.Errorf("/proc changed: %+v", m)
 		}
 	}
-	if files["/run/cube/files/app1/1-hosts"] != "644:127.0.0.1 localhost\n" || len(files) != 3 {
-		t.Errorf("files copied into the guest: %v", files)
+	if d, mode, _ := agent.File("/run/cube/files/app1/1-hosts"); string(d) != "127.0.0.1 localhost\n" || mode != 0o644 || len(env.use.synced) != 3 {
+		t.Errorf("hosts copied into the guest: %q %o; synced %v", d, mode, env.use.synced)
 	}
 	if ns := got.Linux.Namespaces[1]; ns.Path != "/proc/77/ns/ipc" {
 		t.Errorf("ipc namespace %q, want the sandbox container's guest pid", ns.Path)
@@ -101,19 +107,19 @@ func TestGuestSpecCRIPodMember(t *testing.T) {
 func TestGuestSpecRefusals(t *testing.T) {
 	dir := t.TempDir()
 	big := filepath.Join(dir, "big")
-	os.WriteFile(big, make([]byte, maxCopiedFile+1), 0o644)
+	os.WriteFile(big, make([]byte, volume.MaxFile+1), 0o644)
 	base := func(mounts []specs.Mount, nss []specs.LinuxNamespace) []byte {
 		b, _ := json.Marshal(map[string]any{"process": map[string]any{"args": []string{"x"}}, "mounts": mounts,
 			"linux": map[string]any{"namespaces": nss}})
 		return b
 	}
-	env := specEnv{containerID: "c", vmmPid: 4242, files: recordedFiles{}}
+	env, _ := testEnv(t, "c")
 	for name, tc := range map[string]struct {
 		spec []byte
 		want error
 		msg  string
 	}{
-		"host directory volume": {base([]specs.Mount{{Destination: "/data", Type: "bind", Source: dir}}, nil), errdefs.ErrInvalidArgument, "cannot see host directories"},
+		"host directory volume": {base([]specs.Mount{{Destination: "/data", Type: "bind", Source: dir}}, nil), errdefs.ErrInvalidArgument, "cannot see host directories until virtio-fs"},
 		"missing source":        {base([]specs.Mount{{Destination: "/x", Options: []string{"rbind"}, Source: filepath.Join(dir, "nope")}}, nil), errdefs.ErrInvalidArgument, "no such file"},
 		"large file":            {base([]specs.Mount{{Destination: "/x", Type: "bind", Source: big}}, nil), errdefs.ErrInvalidArgument, "more than"},
 		"host ipc namespace":    {base(nil, []specs.LinuxNamespace{{Type: specs.IPCNamespace, Path: "/proc/1/ns/ipc"}}), errdefs.ErrInvalidArgument, "on the host"},

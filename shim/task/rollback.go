@@ -42,6 +42,16 @@ func (s *Service) RollbackSandbox(ctx context.Context, containerID, dir, what st
 		return sandbox.RollbackStats{}, err
 	}
 	var procs []knownProcess
+	defer func() {
+		// The guest's copies of host volumes are the snapshot's now: push
+		// the host's again (emptyDir, in the VM, rolls back with it).
+		s.mu.Lock()
+		syncer := s.volumes
+		s.mu.Unlock()
+		if syncer != nil {
+			syncer.Resync()
+		}
+	}()
 	return sb.Rollback(ctx, sandbox.RollbackOptions{Dir: dir, What: what,
 		Prepare: func() {
 			procs = s.knownProcesses()

@@ -100,6 +100,10 @@ func (s *Service) Delete(ctx context.Context, req *taskAPI.DeleteRequest) (*task
 	delete(s.containers, req.ID)
 	last := len(s.containers) == 0
 	s.mu.Unlock()
+	s.releaseVolumes(c, c.volumes)
+	if last {
+		s.closeVolumes()
+	}
 	// The last container's disk goes with the VM (Stop syncs the guest's
 	// filesystems first); others give their drive slot back now.
 	if sb != nil && !last {

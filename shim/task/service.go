@@ -28,6 +28,7 @@ import (
 	"github.com/cube-runtime/cube/shim/podnet"
 	"github.com/cube-runtime/cube/shim/process"
 	"github.com/cube-runtime/cube/shim/sandbox"
+	"github.com/cube-runtime/cube/shim/volume"
 )
 
 // SandboxIDAnnotation groups CRI pod containers into one VM.
@@ -46,6 +47,9 @@ type Options struct {
 	// LoadConfig reads the shim config ("" = the default path).
 	LoadConfig func(path string) (config.Config, error)
 	Log        *logrus.Entry
+	// VolumeSyncInterval: how often host volumes are compared with the
+	// guest's copies (0: volume.DefaultInterval).
+	VolumeSyncInterval time.Duration
 }
 
 // Service implements taskAPI.TTRPCTaskService.
@@ -63,6 +67,9 @@ type Service struct {
 	lifecycleMu sync.Mutex
 	// events go to containerd in queue order, asynchronously (events.go).
 	events *eventQueue
+	// volumes keeps the guest's copies of host volumes and files in sync
+	// while the sandbox runs (made with the sandbox).
+	volumes *volume.Syncer
 }
 
 type container struct {
@@ -71,6 +78,9 @@ type container struct {
 	stdio      stdioURIs
 	init       *process.Process
 	execs      map[string]*execProc
+	// guestRoot is the guest mount point of the rootfs disk.
+	guestRoot string
+	volumes   volumeUse
 }
 
 type execProc struct {
@@ -265,6 +275,7 @@ func errOut(err error) error {
 func (s *Service) watchSandbox(sb *sandbox.Sandbox) {
 	<-sb.Done()
 	exit, unexpected := sb.Exit()
+	s.closeVolumes()
 	if !unexpected {
 		return
 	}
@@ -295,4 +306,44 @@ func (s *Service) endAll(status uint32) {
 
 func removeRecord(bundle string) {
 	_ = os.Remove(filepath.Join(bundle, sandbox.RecordFile))
+}
+
+// startVolumes makes the sandbox's volume Syncer.
+func (s *Service) startVolumes(sb *sandbox.Sandbox) {
+	syncer := volume.NewSyncer(volume.SyncerOptions{
+		Agent: func() volume.Agent {
+			if a := sb.Agent(); a != nil {
+				return a
+			}
+			return nil
+		},
+		Interval: s.o.VolumeSyncInterval,
+		Log:      s.o.Log.WithField("sandbox", sb.ID()),
+	})
+	s.mu.Lock()
+	s.volumes = syncer
+	s.mu.Unlock()
+}
+
+// closeVolumes stops syncing volumes (the VM is gone or going).
+func (s *Service) closeVolumes() {
+	s.mu.Lock()
+	syncer := s.volumes
+	s.mu.Unlock()
+	if syncer != nil {
+		syncer.Close()
+	}
+}
+
+// releaseVolumes stops syncing what only c mounted.
+func (s *Service) releaseVolumes(c *container, use volumeUse) {
+	s.mu.Lock()
+	syncer := s.volumes
+	s.mu.Unlock()
+	if syncer == nil {
+		return
+	}
+	for _, g := range use.synced {
+		syncer.Release(g)
+	}
 }

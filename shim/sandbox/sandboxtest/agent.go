@@ -46,6 +46,10 @@ type Agent struct {
 	networks   []sandbox.NetworkConfig
 	// RenameErr, when set, is RenameContainer's answer (an agent without it).
 	RenameErr error
+	// TreeErr, when set, is SyncTree's answer.
+	TreeErr error
+	trees   map[string]sandbox.Tree
+	volumes []sandbox.VolumeRequest
 }
 
 type fakeFile struct {

@@ -16,6 +16,8 @@ var errReset = errors.New("fake agent: connection reset (transport reset: the VM
 // saves it, VMM.Rollback restores it).
 type AgentState struct {
 	containers map[string]containerState
+	// trees: what SyncTree wrote (the guest's copies of host volumes).
+	trees map[string]sandbox.Tree
 }
 
 type containerState struct {
@@ -36,7 +38,10 @@ type procState struct {
 func (a *Agent) Save() *AgentState {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	st := &AgentState{containers: map[string]containerState{}}
+	st := &AgentState{containers: map[string]containerState{}, trees: map[string]sandbox.Tree{}}
+	for d, t := range a.trees {
+		st.trees[d] = t
+	}
 	for id, c := range a.containers {
 		cs := containerState{rootfs: c.rootfs, procs: map[string]procState{}}
 		for eid, p := range c.procs {
@@ -56,6 +61,10 @@ func (a *Agent) Restore(st *AgentState) {
 	a.mu.Lock()
 	close(a.resetCh)
 	a.resetCh = make(chan struct{})
+	a.trees = map[string]sandbox.Tree{}
+	for d, t := range st.trees {
+		a.trees[d] = t
+	}
 	for _, c := range a.containers {
 		for _, p := range c.procs {
 			for s, f := range p.guest {
