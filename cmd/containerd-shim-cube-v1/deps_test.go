@@ -10,13 +10,16 @@ import (
 const module = "github.com/cube-runtime/cube"
 
 // shimHypervisorDeps are the only packages under hypervisor/ the shim may
-// link: the VMM's control client and the hybrid-vsock dial. Both are leaves
-// that import nothing of ours; anything else there (hypervisor/pci,
+// link: the VMM's control client, the hybrid-vsock dial, and the VM snapshot
+// format (a restore from a checkpoint reads its manifest to refuse another
+// VMM version, kernel or CPU before starting a VMM). All are leaves that
+// import nothing of ours; anything else there (hypervisor/pci,
 // hypervisor/virtio/..., devices, KVM, the machine) is device emulation or
 // the VMM itself, which runs in the cube-vmm process, not in the shim.
 var shimHypervisorDeps = map[string]bool{
 	module + "/hypervisor/control":   true,
 	module + "/hypervisor/vsockdial": true,
+	module + "/hypervisor/snapshot":  true,
 }
 
 // TestShimLinksNoDeviceEmulation asserts the layering docs/shim.md and the
