@@ -117,6 +117,9 @@ type CreateSpec struct {
 	Labels    map[string]string
 	// Command replaces the image's entrypoint and cmd when set.
 	Command []string
+	// Network is the sandbox's first egress policy; nil: no network
+	// (network.mode "none").
+	Network *NetworkPolicy
 }
 
 // ExecSpec is a process to start in a sandbox.

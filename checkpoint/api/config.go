@@ -77,6 +77,8 @@ type Config struct {
 	ReapInterval string `toml:"reap_interval"`
 	// LogLevel is logrus's level.
 	LogLevel string `toml:"log_level"`
+	// Network is the sandboxes' network ([network] table).
+	Network NetworkConfig `toml:"network"`
 }
 
 // DefaultConfig is the configuration without a file.
@@ -86,7 +88,7 @@ func DefaultConfig() Config {
 		Namespace: DefaultNamespace, Runtime: DefaultRuntime, Snapshotter: DefaultSnapshotter, StoreRoot: store.DefaultRoot,
 		DefaultSandboxTimeout: DefaultSandboxTimeout, MaxSandboxTimeout: DefaultMaxTimeout, MaxBodyBytes: DefaultMaxBodyBytes,
 		MaxFileBytes: DefaultMaxFileBytes, RequestTimeout: DefaultRequestTimeout, ShutdownTimeout: DefaultShutdownTimeout, ReapInterval: DefaultReapInterval,
-		LogLevel: "info",
+		LogLevel: "info", Network: DefaultNetworkConfig(),
 	}
 }
 
@@ -175,6 +177,9 @@ func (c Config) Validate() error {
 		if len(k) < 16 || strings.TrimSpace(k) != k {
 			return bad("an api_keys entry is shorter than 16 characters or has spaces around it")
 		}
+	}
+	if err := c.Network.validate(); err != nil {
+		return bad("%v", err)
 	}
 	_, err := c.Durations()
 	return err

@@ -34,6 +34,8 @@ type Containerd struct {
 	Runtime     string
 	Snapshotter string
 	State       string // containerd's state directory
+	// Net gives sandboxes whose spec asks for it a network (nil: none).
+	Net *SandboxNet
 }
 
 func (c *Containerd) ctx(ctx context.Context) context.Context {
@@ -67,6 +69,9 @@ func (c *Containerd) Create(ctx context.Context, spec CreateSpec) (Container, er
 	opts := []oci.SpecOpts{oci.WithImageConfig(img), oci.WithEnv(spec.Env)}
 	if len(spec.Command) > 0 {
 		opts = append(opts, oci.WithProcessArgs(spec.Command...))
+	}
+	if spec.Network != nil && c.Net != nil {
+		opts = append(opts, c.withNetwork(*spec.Network))
 	}
 	ctr, err := c.client().NewContainer(ctx, spec.ID,
 		containerd.WithImage(img), containerd.WithSnapshotter(c.Snapshotter),

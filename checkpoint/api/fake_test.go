@@ -47,6 +47,8 @@ type fakeBackend struct {
 	// the shim's answer when set.
 	rollbackBlock chan struct{}
 	rollbackErr   error
+	// policies are the egress policies set through the network route.
+	policies map[string]NetworkPolicy
 	// DirFiles is the guest's file system: a directory per sandbox.
 	*DirFiles
 }

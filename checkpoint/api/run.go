@@ -38,8 +38,12 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger, ready chan<- strin
 	if err != nil {
 		return fmt.Errorf("open the snapshot store at %s: %w (store_root in the config names another)", cfg.StoreRoot, err)
 	}
+	sn, err := PrepareNetwork(cfg.Network)
+	if err != nil {
+		return fmt.Errorf("the sandboxes' network: %w", err)
+	}
 	be := &Containerd{Conn: conn, Store: st, Namespace: cfg.Namespace, Runtime: cfg.Runtime,
-		Snapshotter: cfg.Snapshotter, State: cfg.ContainerdState}
+		Snapshotter: cfg.Snapshotter, State: cfg.ContainerdState, Net: sn}
 	s, err := New(cfg, keys, be, st, Options{Log: log})
 	if err != nil {
 		return err

@@ -21,6 +21,7 @@ const (
 	LabelEnd       = "cube.api/end"      // RFC 3339: the deadline
 	LabelTimeout   = "cube.api/timeout"  // seconds
 	LabelAutoPause = "cube.api/auto-pause"
+	LabelPublic    = "cube.api/public-traffic" // "false": its ports need an API key
 )
 
 // maxMetadataBytes keeps the metadata label within containerd's label size limit.
@@ -46,6 +47,11 @@ type CreateSandboxRequest struct {
 	Metadata   map[string]string `json:"metadata"`
 	EnvVars    map[string]string `json:"envVars"`
 	AutoPause  bool              `json:"autoPause"`
+	// AllowInternetAccess false drops what network.allowOut does not name
+	// (CubeSandbox's and E2B's allow_internet_access; default true).
+	AllowInternetAccess *bool `json:"allow_internet_access,omitempty"`
+	// Network is E2B's egress lists and public-traffic switch.
+	Network *NetworkRequest `json:"network,omitempty"`
 }
 
 // TimeoutRequest is the body of …/timeout, …/connect and …/resume.
@@ -150,6 +156,9 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	labels[LabelStarted] = s.now().UTC().Format(time.RFC3339Nano)
 	labels[LabelAutoPause] = strconv.FormatBool(req.AutoPause)
 	spec := CreateSpec{ID: newSandboxID(), Env: env, Labels: labels, Command: s.cfg.SandboxCommand}
+	if err := s.networkOf(&req, &spec); err != nil {
+		return err
+	}
 	var c Container
 	if sn, err := s.st.Get(r.Context(), req.TemplateID); err == nil {
 		rs, ok := s.be.(Restorer)

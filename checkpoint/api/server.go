@@ -104,6 +104,7 @@ func (s *Server) routeTable() []route {
 		{Method: "POST", Path: "/sandboxes/{sandboxID}/refreshes", h: s.refresh},
 		{Method: "POST", Path: "/sandboxes/{sandboxID}/rollback", h: s.rollback},
 		{Method: "POST", Path: "/sandboxes/{sandboxID}/fork", h: s.fork},
+		{Method: "PUT", Path: "/sandboxes/{sandboxID}/network", h: s.setNetwork},
 		{Method: "POST", Path: "/sandboxes/{sandboxID}/snapshots", h: s.createSnapshot},
 		{Method: "GET", Path: "/snapshots", h: s.listSnapshots},
 		{Method: "GET", Path: "/snapshots/{snapshotID}", h: s.getSnapshot},
@@ -120,9 +121,6 @@ func (s *Server) routeTable() []route {
 		{Method: "POST", Path: "/sandboxes/{sandboxID}/files/dir", h: s.makeDir},
 	}
 }
-
-// Handler is the server's HTTP handler.
-func (s *Server) Handler() http.Handler { return s.mux }
 
 // Stop ends the command output streams (their processes run on).
 func (s *Server) Stop() { s.stopOnce.Do(func() { close(s.stop) }) }

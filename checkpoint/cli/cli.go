@@ -55,7 +55,9 @@ type Shim interface {
 // Env is what Run takes from the process; tests replace the connections.
 type Env struct {
 	Stdout, Stderr io.Writer
-	Getenv         func(string) string
+	// Stdin is read by `cube internal oci-hook` (the OCI state).
+	Stdin  io.Reader
+	Getenv func(string) string
 	// Containers connects to containerd at address for namespace ns.
 	Containers func(ctx context.Context, address, ns string) (shimclient.Containers, io.Closer, error)
 	// Dial connects to the shim at address.
@@ -69,7 +71,7 @@ type Env struct {
 // ProcessEnv is the real process's Env.
 func ProcessEnv() Env {
 	return Env{
-		Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv,
+		Stdout: os.Stdout, Stderr: os.Stderr, Stdin: os.Stdin, Getenv: os.Getenv,
 		Containers: func(ctx context.Context, address, ns string) (shimclient.Containers, io.Closer, error) {
 			c, err := shimclient.Connect(ctx, address, ns)
 			if err != nil {
@@ -153,6 +155,8 @@ Commands:
   snapshots rm ID|NAME...  delete snapshots
   network policy CONTAINER [--no-internet] [--allow-out CIDR] [--deny-out CIDR] [--reset]
                            show or replace the egress policy of CONTAINER's sandbox
+  internal oci-hook PHASE  the OCI hook that gives a sandbox Cube's default network
+                           (run by runtimes, not people; see 'cube help internal')
   help [COMMAND]           a command's help
 
 ` + globalHelp + `
@@ -188,6 +192,8 @@ func Run(ctx context.Context, args []string, env Env) int {
 		return r.fork(ctx, rest)
 	case "network":
 		return r.network(ctx, rest)
+	case "internal":
+		return r.internal(ctx, rest)
 	case "help":
 		return r.help(rest)
 	}
@@ -271,6 +277,8 @@ func (r *runner) help(args []string) int {
 		fmt.Fprint(r.env.Stdout, rmHelp)
 	case "network", "network policy":
 		fmt.Fprint(r.env.Stdout, policyHelp)
+	case "internal", "internal oci-hook":
+		fmt.Fprint(r.env.Stdout, hookHelp)
 	default:
 		return r.usageError("cube help", fmt.Sprintf("no command %q", strings.Join(args, " ")))
 	}

@@ -68,7 +68,7 @@ func (s *Sandbox) attachNetwork(ctx context.Context) (*NetworkAttachment, error)
 	if s.o.Network == nil {
 		return nil, nil
 	}
-	if s.o.Template != "" {
+	if s.o.Template != "" && s.restore == nil {
 		return nil, fmt.Errorf("sandbox %s has a network (a CNI network namespace) but starts from template %s, whose VM has no NIC to connect: unset `template` in the shim config for pods with pod networking: %w",
 			s.o.ID, s.o.Template, errdefs.ErrFailedPrecondition)
 	}

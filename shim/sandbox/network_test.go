@@ -147,3 +147,64 @@ func TestNetArgs(t *testing.T) {
 		t.Errorf("args %q", s)
 	}
 }
+
+// TestRestoreWithNetwork: a restore's NICs replace its snapshot's, one for
+// one: the VMM gets them (ReplaceNets), the agent finds each guest interface
+// by the snapshot's MAC and moves it to the new MAC and address. A count
+// that differs either way is refused before the VMM starts, and undone.
+func TestRestoreWithNetwork(t *testing.T) {
+	restore := func(n *fakeNetwork, macs []string) (*sandbox.Sandbox, *sandboxtest.VMM, *sandboxtest.Agent, error) {
+		agent := sandboxtest.NewAgent()
+		vmm := sandboxtest.NewVMM(agent)
+		o := sandbox.Options{ID: "sb1", Dir: filepath.Join(t.TempDir(), "sb"), DiskSlots: 1,
+			VMM: vmm, Dial: sandboxtest.Dialer(agent), BootTimeout: time.Second}
+		if n != nil {
+			o.Network = n
+		}
+		sb, err := sandbox.New(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = sb.StartRestore(context.Background(), sandbox.RestoreFrom{Dir: "/ckpt/vm", Slots: 1, RootfsSerial: "cube-slot-0",
+			RootfsImage: "/img/new.ext4", Owner: "c2", NICMACs: macs})
+		return sb, vmm, agent, err
+	}
+	n := &fakeNetwork{}
+	sb, vmm, agent, err := restore(n, []string{"02:42:0a:58:00:99"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !vmm.Config.ReplaceNets || len(vmm.Config.Nets) != 1 || vmm.Config.Template != "/ckpt/vm" {
+		t.Errorf("VM config: replace %v nets %+v template %q", vmm.Config.ReplaceNets, vmm.Config.Nets, vmm.Config.Template)
+	}
+	nets := agent.Networks()
+	if len(nets) != 1 || nets[0].Interfaces[0].DeviceMAC != "02:42:0a:58:00:99" || nets[0].Interfaces[0].MAC != "02:42:0a:58:00:05" ||
+		nets[0].Interfaces[0].Addresses[0] != "10.88.0.5/16" {
+		t.Errorf("agent got %+v", nets)
+	}
+	calls := agent.CallLog()
+	if i, j := slices.Index(calls, "ReseedRandom"), slices.Index(calls, "ConfigureNetwork"); i < 0 || j < i {
+		t.Errorf("agent calls %v: the network is configured after the restored guest is freshened", calls)
+	}
+	sb.Stop(context.Background())
+
+	// The snapshot had a NIC, the new container has no network.
+	if _, vmm, _, err := restore(nil, []string{"02:42:0a:58:00:99"}); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "had 1 network devices") {
+		t.Errorf("lost NIC: %v", err)
+	} else if vmm.Config.VsockPath != "" {
+		t.Error("the VMM started for a restore that loses a NIC")
+	}
+	// The snapshot had none, the new container has a network: attached, then undone.
+	n = &fakeNetwork{}
+	if _, vmm, _, err := restore(n, nil); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "gives 1") {
+		t.Errorf("added NIC: %v", err)
+	} else if vmm.Config.VsockPath != "" {
+		t.Error("the VMM started for a restore that adds a NIC")
+	}
+	if got := n.log(); !slices.Equal(got, []string{"Attach", "Detach"}) {
+		t.Errorf("network calls after a refused restore: %v", got)
+	}
+	if _, err := n.tap.Stat(); err == nil {
+		t.Error("the tap of a refused restore is still open")
+	}
+}

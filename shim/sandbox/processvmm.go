@@ -97,6 +97,13 @@ func Args(cfg VMConfig) []string {
 		for _, s := range serials {
 			a = append(a, "-disk-path", s+"="+cfg.DiskPaths[s])
 		}
+		// The snapshot's own MACs stay (cube-vmm refuses another): the
+		// agent gives the guest interfaces their new ones.
+		nets := make([]NIC, len(cfg.Nets))
+		for i, n := range cfg.Nets {
+			nets[i] = NIC{Tap: n.Tap}
+		}
+		a = append(a, netArgs(nets)...)
 		return append(a, cfg.Template)
 	}
 	a := []string{
@@ -153,7 +160,7 @@ func (v *ProcessVMM) Start(ctx context.Context, cfg VMConfig) error {
 			return err
 		}
 	}
-	if len(cfg.Nets) > 0 && cfg.Template != "" {
+	if len(cfg.Nets) > 0 && cfg.Template != "" && !cfg.ReplaceNets {
 		return fmt.Errorf("a template restore cannot add net devices: %w", errdefs.ErrInvalidArgument)
 	}
 	for i, n := range cfg.Nets {

@@ -66,6 +66,13 @@ func TestArgs(t *testing.T) {
 	if got != want {
 		t.Fatalf("restore args\n got %s\nwant %s", got, want)
 	}
+	// A restore's NICs replace the snapshot's: fds only, the snapshot's MACs stay.
+	cfg.Nets, cfg.ReplaceNets = []NIC{{Tap: os.Stdin, MAC: "02:42:0a:58:00:05"}}, true
+	got = strings.Join(Args(cfg), " ")
+	want = "restore -control /d/c.sock -vsock /d/v.sock -console /d/console.log -disk-dir /d -disk-path cube-slot-0=/a.img -disk-path cube-slot-1=/b.img -net fd=3 /tpl"
+	if got != want {
+		t.Fatalf("restore args with a NIC\n got %s\nwant %s", got, want)
+	}
 }
 
 func TestProcessVMMLifecycle(t *testing.T) {
@@ -217,6 +224,13 @@ func TestArgsParseWithTheRealVMM(t *testing.T) {
 	restoreArgs := append(append([]string{}, args[:len(args)-1]...), "-help")
 	if rc := vmmcmd.Run(restoreArgs, strings.NewReader(""), io.Discard, &stderr); rc != 0 {
 		t.Fatalf("cube-vmm restore rejects the shim's flags (rc %d): %s", rc, stderr.String())
+	}
+	cfg.Nets, cfg.ReplaceNets = []NIC{{Tap: os.Stdin}}, true
+	args = Args(cfg)
+	stderr.Reset()
+	restoreArgs = append(append([]string{}, args[:len(args)-1]...), "-help")
+	if rc := vmmcmd.Run(restoreArgs, strings.NewReader(""), io.Discard, &stderr); rc != 0 {
+		t.Fatalf("cube-vmm restore rejects the shim's -net flag (rc %d): %s", rc, stderr.String())
 	}
 }
 

@@ -119,6 +119,12 @@ type RestoreFrom struct {
 	RootfsImage string
 	// Owner is the new container's id.
 	Owner string
+	// NICMACs are the MACs of the snapshot's virtio-net devices, in order
+	// (its guest still has them). The sandbox's Network must give as many
+	// NICs: each replaces the snapshot's tap, and the agent moves the guest
+	// interface to the new MAC and address (a restored or forked sandbox
+	// has its own; nothing of the source's network identity stays).
+	NICMACs []string
 }
 
 // StartRestore restores the VM from r instead of booting it (memory mapped
@@ -256,6 +262,13 @@ func (s *Sandbox) Start(ctx context.Context, firstImage, firstOwner string) (ret
 	}
 	if netAtt != nil {
 		cfg.Nets = netAtt.NICs
+	}
+	if r := s.restore; r != nil {
+		if err := restoreNICs(r, netAtt); err != nil {
+			closeTaps(netAtt)
+			return fmt.Errorf("sandbox %s: %w", s.o.ID, err)
+		}
+		cfg.ReplaceNets = len(cfg.Nets) > 0
 	}
 	err = s.o.VMM.Start(ctx, cfg)
 	closeTaps(netAtt)
@@ -620,4 +633,29 @@ func ReadRecord(bundle string) (Record, error) {
 		return r, fmt.Errorf("parse %s: %w", RecordFile, err)
 	}
 	return r, nil
+}
+
+// restoreNICs matches a restore's network to its snapshot's devices: as many
+// NICs as the snapshot had (a restored VM can neither gain nor lose one),
+// each interface found in the guest by the snapshot's MAC (DeviceMAC) and
+// moved to the new one.
+func restoreNICs(r *RestoreFrom, a *NetworkAttachment) error {
+	n := 0
+	if a != nil {
+		n = len(a.NICs)
+	}
+	if n != len(r.NICMACs) {
+		return fmt.Errorf("restore of %s: its VM had %d network devices, the new container's network gives %d (a restored VM keeps its devices: give the new container a network like the checkpointed one's, or none if it had none): %w",
+			r.Dir, len(r.NICMACs), n, errdefs.ErrFailedPrecondition)
+	}
+	if n == 0 {
+		return nil
+	}
+	if len(a.Guest.Interfaces) != n {
+		return fmt.Errorf("restore of %s: %d NICs but %d guest interfaces to configure: %w", r.Dir, n, len(a.Guest.Interfaces), errdefs.ErrInvalidArgument)
+	}
+	for i := range a.Guest.Interfaces {
+		a.Guest.Interfaces[i].DeviceMAC = r.NICMACs[i]
+	}
+	return nil
 }

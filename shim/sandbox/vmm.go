@@ -42,6 +42,10 @@ type VMConfig struct {
 	// Nets are the VM's virtio-net devices, in order: the VMM inherits each
 	// tap fd (cube-vmm -net fd=N,mac=M, N = 3 + index).
 	Nets []NIC
+	// ReplaceNets: Nets replace the Template snapshot's own devices, one for
+	// one (a restore; their MACs stay the snapshot's). A template without
+	// devices cannot gain any.
+	ReplaceNets bool
 }
 
 // VMExit is how the VMM process ended.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -61,6 +62,16 @@ func checkpointVM(dir string) (vm string, unpacked bool, err error) {
 type restorePlan struct {
 	slots        int
 	rootfsSerial string
+	// nicMACs are the snapshot's virtio-net devices' MACs, in order.
+	nicMACs []string
+}
+
+// vmmNets is the part of cube-vmm's configuration (recorded in the
+// manifest) that says which network devices the VM had.
+type vmmNets struct {
+	Net []struct {
+		MAC string
+	}
 }
 
 // planRestore reads the VM snapshot's manifest and refuses what cannot be
@@ -108,6 +119,18 @@ func planRestore(vm string, cfg config.Config, here *sandbox.HostFacts) (restore
 		}
 	}
 	p := restorePlan{slots: len(m.Shape.Disks)}
+	var nets vmmNets
+	if len(m.Config) > 0 {
+		if err := json.Unmarshal(m.Config, &nets); err != nil {
+			return restorePlan{}, fmt.Errorf("checkpoint %s: the VMM configuration in its manifest: %v: %w", vm, err, errdefs.ErrFailedPrecondition)
+		}
+	}
+	for i, n := range nets.Net {
+		if n.MAC == "" {
+			return restorePlan{}, fmt.Errorf("checkpoint %s: network device %d has no MAC in the manifest: %w", vm, i, errdefs.ErrFailedPrecondition)
+		}
+		p.nicMACs = append(p.nicMACs, n.MAC)
+	}
 	for i, d := range m.Shape.Disks {
 		if d.Serial != sandbox.SlotSerial(i) {
 			return restorePlan{}, fmt.Errorf("checkpoint %s: disk %d has serial %q, not %q: not a snapshot of a Cube sandbox's VM: %w",
@@ -205,7 +228,7 @@ func (s *Service) createFromCheckpoint(ctx context.Context, req *taskAPI.CreateT
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", req.ID, err)
 	}
-	if err := sb.StartRestore(ctx, sandbox.RestoreFrom{Dir: vm, Slots: plan.slots, RootfsSerial: plan.rootfsSerial, RootfsImage: image, Owner: req.ID}); err != nil {
+	if err := sb.StartRestore(ctx, sandbox.RestoreFrom{Dir: vm, Slots: plan.slots, RootfsSerial: plan.rootfsSerial, RootfsImage: image, Owner: req.ID, NICMACs: plan.nicMACs}); err != nil {
 		return nil, fmt.Errorf("restore %s from %s: %w", req.ID, vm, err)
 	}
 	s.mu.Lock()

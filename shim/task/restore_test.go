@@ -91,8 +91,14 @@ func TestPlanRestore(t *testing.T) {
 
 	vm := writeCheckpoint(t, t.TempDir(), testManifest(sum), &sandbox.HostFacts{CPUVendor: "AuthenticAMD", CPUFlags: []string{"fpu", "sse2"}})
 	p, err := planRestore(vm, cfg, here)
-	if err != nil || p.slots != 2 || p.rootfsSerial != sandbox.SlotSerial(0) {
+	if err != nil || p.slots != 2 || p.rootfsSerial != sandbox.SlotSerial(0) || len(p.nicMACs) != 0 {
 		t.Fatalf("plan %+v %v", p, err)
+	}
+	// The VM's NICs come from cube-vmm's configuration in the manifest.
+	withNIC := testManifest(sum)
+	withNIC.Config = json.RawMessage(`{"Kernel":"/k","Net":[{"FD":3,"MAC":"02:42:0a:62:00:07"}]}`)
+	if p, err := planRestore(writeCheckpoint(t, t.TempDir(), withNIC, nil), cfg, here); err != nil || len(p.nicMACs) != 1 || p.nicMACs[0] != "02:42:0a:62:00:07" {
+		t.Errorf("plan with a NIC: %+v %v", p, err)
 	}
 
 	for _, c := range []struct {
@@ -108,6 +114,8 @@ func TestPlanRestore(t *testing.T) {
 		{"a pod", func(m *snapshot.Manifest) { m.Shape.Disks[1].Source = "/images/other.ext4" }, nil, "both hold a container's rootfs"},
 		{"no rootfs", func(m *snapshot.Manifest) { m.Shape.Disks[0].Source = "/x/slot-0.img" }, nil, "no drive holds"},
 		{"not a Cube sandbox", func(m *snapshot.Manifest) { m.Shape.Disks[0].Serial = "root" }, nil, `serial "root"`},
+		{"a NIC without a MAC", func(m *snapshot.Manifest) { m.Config = json.RawMessage(`{"Net":[{"FD":3}]}`) }, nil, "network device 0 has no MAC"},
+		{"a garbled VMM config", func(m *snapshot.Manifest) { m.Config = json.RawMessage(`{"Net":5}`) }, nil, "VMM configuration"},
 	} {
 		m := testManifest(sum)
 		if c.edit != nil {

@@ -33,6 +33,8 @@ type backend struct {
 	st   *store.Store
 	pid  uint32
 	busy atomic.Bool // Rollback answers "busy"
+	// network is the last create's network; policy the last one set.
+	network, policy *api.NetworkPolicy
 	*api.DirFiles
 }
 
@@ -48,6 +50,7 @@ func (b *backend) Create(ctx context.Context, s api.CreateSpec) (api.Container, 
 	defer b.mu.Unlock()
 	c := &api.Container{ID: s.ID, Image: s.Image, Labels: s.Labels, Status: "running", Created: time.Now()}
 	b.ctrs[s.ID] = c
+	b.network = s.Network
 	return *c, nil
 }
 

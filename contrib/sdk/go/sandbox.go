@@ -33,6 +33,11 @@ type CreateOptions struct {
 	Metadata  map[string]string
 	Envs      map[string]string
 	AutoPause bool
+	// AllowInternetAccess false drops what Network.AllowOut does not name
+	// (nil: allowed).
+	AllowInternetAccess *bool
+	// Network is the egress lists and the public-traffic switch.
+	Network *Network
 }
 
 // Create creates a sandbox.
@@ -48,6 +53,7 @@ func (c *Client) Create(ctx context.Context, o CreateOptions) (*Sandbox, error) 
 	if o.Envs != nil {
 		body["envVars"] = o.Envs
 	}
+	o.networkBody(body)
 	var info SandboxInfo
 	if _, err := c.call(ctx, "POST", "/sandboxes", nil, body, &info); err != nil {
 		return nil, err
