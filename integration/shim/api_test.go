@@ -33,15 +33,38 @@ store_root = %q
 sandbox_command = ["sh", "-c", %q]
 default_sandbox_timeout = 600
 log_level = "debug"
+
+[network]
+name = %q
+cni_conf_dir = %q
+cni_cache_dir = %q
+cni_bin_dirs = [%q]
+hook = %q
 `
+
+// The sandboxes' network in the test host: cube-api's default list needs
+// iptables (NAT, portmap), which the test host lacks (the root tier runs the
+// default list on the machine: checkpoint/sandboxnet TestDefaultNetworkRoot);
+// this one is the same bridge without them.
+const (
+	apiNetName    = "cube-e2e"
+	apiNetBridge  = "cubee2e0"
+	apiNetGateway = "10.97.0.1"
+	apiNetConf    = `{"cniVersion": "1.0.0", "name": "` + apiNetName + `", "plugins": [{"type": "bridge", "bridge": "` + apiNetBridge + `",
+  "isGateway": true, "ipMasq": false, "hairpinMode": true,
+  "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.97.0.0/24", "gateway": "` + apiNetGateway + `"}]], "routes": [{"dst": "0.0.0.0/0"}], "dataDir": "%s"}}]}`
+)
 
 // startAPI starts cube-api on a free loopback port and waits for /health;
 // the returned function stops it (SIGTERM, graceful).
 func (d *daemons) startAPI(t *testing.T, addr string) func() {
 	t.Helper()
 	conf := filepath.Join(d.dir, "api.toml")
+	cniConf, cniCache := filepath.Join(d.dir, "cni"), filepath.Join(d.dir, "cni-cache")
+	os.MkdirAll(cniConf, 0o755)
+	os.WriteFile(filepath.Join(cniConf, apiNetName+".conflist"), fmt.Appendf(nil, apiNetConf, filepath.Join(cniCache, "ipam")), 0o644)
 	os.WriteFile(conf, fmt.Appendf(nil, apiConfig, addr, apiKey, d.dir+"/containerd.sock", d.dir+"/state",
-		apiNamespace, d.storeRoot(), counterScript), 0o644)
+		apiNamespace, d.storeRoot(), counterScript, apiNetName, cniConf, cniCache, criCNIBinDir, cubeBin), 0o644)
 	logPath := filepath.Join(d.dir, "api.log")
 	lf, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
