@@ -32,7 +32,8 @@ an --allow-out CIDR names.
 
 A new policy replaces the old one whole (say every list again); --reset
 alone allows everything. Only sandboxes with a network of their own (a CRI
-pod with CNI networking) have a policy: a host-network sandbox is refused.
+pod with CNI networking, a cube-api sandbox, a container whose spec has
+network hooks) have a policy: a host-network sandbox is refused.
 
 Flags:
   --no-internet       drop what --allow-out does not name
