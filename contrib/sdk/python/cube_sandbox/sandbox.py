@@ -101,10 +101,12 @@ class Sandbox:
 
     @classmethod
     def create(cls, template=None, timeout=None, metadata=None, envs=None, auto_pause=False,
-               api_url=None, api_key=None, request_timeout=60.0):
+               api_url=None, api_key=None, request_timeout=60.0, allow_internet_access=None, network=None):
         """Creates a sandbox from template (an image reference; default
         CUBE_TEMPLATE_ID). timeout: seconds until it is killed (or paused with
-        auto_pause); None: the server's default."""
+        auto_pause); None: the server's default. allow_internet_access=False
+        drops what network["allowOut"] does not name; network is E2B's
+        {"allowOut": [CIDR...], "denyOut": [...], "allowPublicTraffic": bool}."""
         conn = ConnectionConfig(api_url, api_key, request_timeout)
         template = template or os.environ.get(ENV_TEMPLATE_ID)
         if not template:
@@ -116,6 +118,10 @@ class Sandbox:
             body["metadata"] = dict(metadata)
         if envs is not None:
             body["envVars"] = dict(envs)
+        if allow_internet_access is not None:
+            body["allow_internet_access"] = bool(allow_internet_access)
+        if network is not None:
+            body["network"] = dict(network)
         info, _ = conn.call("POST", "/sandboxes", body=body)
         return cls(info["sandboxID"], conn, info)
 
@@ -175,6 +181,27 @@ class Sandbox:
     def set_timeout(self, timeout):
         """Sets the deadline to now + timeout seconds."""
         self._conn.call("POST", "/sandboxes/%s/timeout" % _q(self.sandbox_id), body={"timeout": int(timeout)})
+
+    @_hybrid
+    def set_network(self, allow_internet_access=True, allow_out=None, deny_out=None):
+        """Replaces the sandbox's egress policy while it runs (the whole
+        policy: say every list again). Returns the policy as applied, with
+        "dropped" counters per rule."""
+        body = {"allow_internet_access": bool(allow_internet_access)}
+        if allow_out:
+            body["allowOut"] = list(allow_out)
+        if deny_out:
+            body["denyOut"] = list(deny_out)
+        out, _ = self._conn.call("PUT", "/sandboxes/%s/network" % _q(self.sandbox_id), body=body)
+        return out
+
+    def get_host(self, port):
+        """The host name under which cube-api forwards requests to the
+        sandbox's port (E2B's get_host): "<port>-<sandbox_id>.<domain>", the
+        domain being the API URL's host. Send requests to cube-api with this
+        Host header, or resolve *.<domain> to cube-api."""
+        domain = urllib.parse.urlsplit(self._conn.api_url).netloc
+        return "%d-%s.%s" % (int(port), self.sandbox_id, domain)
 
     @_hybrid
     def create_snapshot(self, name=None):

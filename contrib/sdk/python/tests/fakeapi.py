@@ -400,8 +400,22 @@ def make_dir(h, st, q, body, sid):
         h.reply(201 if created else 200, {"path": p, "created": created})
 
 
+def set_network(h, st, q, body, sid):
+    sb = sandbox_or_404(h, st, sid)
+    if sb is None:
+        return
+    for f in ("allowOut", "denyOut"):
+        for c in body.get(f) or []:
+            if "/" not in c and c.count(".") != 3:
+                return h.error(400, 'field "network.%s": "%s" is neither a CIDR nor an address' % (f, c))
+    sb["network"] = body
+    h.reply(200, {"allow_internet_access": body.get("allow_internet_access", True), "allowOut": body.get("allowOut") or [],
+                  "denyOut": body.get("denyOut") or [], "dropped": {}})
+
+
 ID = "([^/]+)"
 ROUTES = [
+    (("PUT", "/sandboxes/%s/network" % ID), set_network),
     (("POST", "/sandboxes"), create),
     (("GET", "/v2/sandboxes"), list_sandboxes),
     (("GET", "/sandboxes/" + ID), get_sandbox),

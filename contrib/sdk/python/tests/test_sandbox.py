@@ -37,6 +37,22 @@ class TestSandbox(Base):
                                 "envVars": {"A": "1"}, "autoPause": False})
         self.assertEqual(headers["Authorization"], "Bearer " + fakeapi.KEY)
 
+    def test_network(self):
+        sb = Sandbox.create(allow_internet_access=False, network={"allowOut": ["10.0.0.0/8"]})
+        method, path, body, _ = self.st.requests[-1]
+        self.assertEqual(body["allow_internet_access"], False)
+        self.assertEqual(body["network"], {"allowOut": ["10.0.0.0/8"]})
+        out = sb.set_network(allow_internet_access=False, allow_out=["1.2.3.4"])
+        self.assertEqual(out["allowOut"], ["1.2.3.4"])
+        method, path, body, _ = self.st.requests[-1]
+        self.assertEqual((method, path), ("PUT", "/sandboxes/%s/network" % sb.sandbox_id))
+        self.assertEqual(body, {"allow_internet_access": False, "allowOut": ["1.2.3.4"]})
+        with self.assertRaises(InvalidArgumentException):
+            sb.set_network(allow_out=["nope"])
+        with self.assertRaises(NotFoundException):
+            Sandbox.set_network("sb-nope", allow_out=["1.2.3.4"])
+        self.assertEqual(sb.get_host(8080), "8080-%s.%s" % (sb.sandbox_id, self.url.split("://")[1].rstrip("/")))
+
     def test_errors_map_to_exceptions(self):
         with self.assertRaises(NotFoundException) as cm:
             Sandbox.create(template="nope")
