@@ -56,6 +56,12 @@ func (c *Containerd) SetNetworkPolicy(ctx context.Context, id string, p NetworkP
 	if err != nil {
 		return NetworkPolicy{}, fmt.Errorf("sandbox %s: set its egress policy: %w", id, err)
 	}
+	// Ordering: recorded in the container's spec once in force, so that a
+	// fork or restore of the sandbox starts with it (a clone made from the
+	// spec's older, wider policy would escape the change).
+	if err := c.Conn.RecordPolicy(ctx, id, resp.GetPolicy()); err != nil {
+		return NetworkPolicy{}, fmt.Errorf("sandbox %s: the new egress policy is in force, but: %w (set it again)", id, err)
+	}
 	out := NetworkPolicy{AllowInternetAccess: true, AllowOut: []string{}, DenyOut: []string{}}
 	if pol := resp.GetPolicy(); pol != nil {
 		out.AllowInternetAccess = pol.AllowInternetAccess == nil || *pol.AllowInternetAccess

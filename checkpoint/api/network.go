@@ -17,6 +17,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/cube-runtime/cube/checkpoint/sandboxnet"
+	"github.com/cube-runtime/cube/checkpoint/shimclient"
 )
 
 // Network modes (the config's network.mode).
@@ -194,12 +195,11 @@ func policyOf(n NetworkRequest, allowInternet *bool) (NetworkPolicy, error) {
 	return p, nil
 }
 
-// Annotations the shim reads the sandbox's first egress policy from
-// (shim/podnet: io.cube.network.*).
+// Annotations the shim reads the sandbox's first egress policy from.
 const (
-	annotationAllowInternet = "io.cube.network.allow-internet-access"
-	annotationAllowOut      = "io.cube.network.allow-out"
-	annotationDenyOut       = "io.cube.network.deny-out"
+	annotationAllowInternet = shimclient.AnnotationAllowInternet
+	annotationAllowOut      = shimclient.AnnotationAllowOut
+	annotationDenyOut       = shimclient.AnnotationDenyOut
 )
 
 // annotations is p as the shim reads it at create.

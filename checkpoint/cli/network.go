@@ -148,7 +148,18 @@ func (r *runner) networkPolicy(ctx context.Context, id string, set bool, p *api.
 	}
 	defer sh.Close()
 	if set {
-		return sh.SetNetworkPolicy(ctx, &api.SetNetworkPolicyRequest{ContainerId: id, Policy: p})
+		resp, err := sh.SetNetworkPolicy(ctx, &api.SetNetworkPolicyRequest{ContainerId: id, Policy: p})
+		if err != nil {
+			return nil, err
+		}
+		// Ordering: recorded in the container's spec once in force, so a
+		// fork or restore of it starts with this policy.
+		if pr, ok := cs.(shimclient.PolicyRecorder); ok {
+			if err := pr.RecordPolicy(ctx, id, resp.GetPolicy()); err != nil {
+				return nil, fmt.Errorf("the new egress policy is in force, but: %w (set it again)", err)
+			}
+		}
+		return resp, nil
 	}
 	return sh.GetNetworkPolicy(ctx, &api.GetNetworkPolicyRequest{ContainerId: id})
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -55,9 +56,14 @@ func runSelf(o Options) int {
 	args := payloadArgs(os.Args[1:])
 	var flaky []string   // what failed in an earlier attempt and was run again
 	var skipped []string // tests that passed before a kernel failure, not run again
+	attempts := maxAttempts
+	// CUBE_TESTHOST_ATTEMPTS=1 turns reruns off (developing a test: one failure is enough).
+	if n, err := strconv.Atoi(os.Getenv("CUBE_TESTHOST_ATTEMPTS")); err == nil && n >= 1 && n <= maxAttempts {
+		attempts = n
+	}
 	for attempt := 1; ; attempt++ {
 		res, err := Run(ctx, o, Payload{Binary: exe, Args: args}, os.Stdout)
-		last := attempt >= maxAttempts || ctx.Err() != nil || time.Since(begin) > rerunBudget
+		last := attempt >= attempts || ctx.Err() != nil || time.Since(begin) > rerunBudget
 		var re *RunError
 		switch {
 		case errors.As(err, &re) && re.KernelFailure && !last:
