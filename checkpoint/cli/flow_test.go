@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -120,8 +121,28 @@ func newNetWorld(t *testing.T, network sandbox.Network) *world {
 // fakeMaker is containerd's side of restore and fork: it records what it
 // would make.
 type fakeMaker struct {
-	mu   sync.Mutex
-	made map[string]string // id -> snapshot dir
+	mu     sync.Mutex
+	made   map[string]string // id -> snapshot dir
+	labels map[string]map[string]string
+}
+
+func (m *fakeMaker) DropLabel(ctx context.Context, id, label string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.labels[id], label)
+	return nil
+}
+
+func (m *fakeMaker) Labelled(ctx context.Context, label string) (map[string]string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[string]string{}
+	for id, l := range m.labels {
+		if v := l[label]; v != "" {
+			out[id] = v
+		}
+	}
+	return out, nil
 }
 
 func (m *fakeMaker) Record(ctx context.Context, id string) (clone.Record, error) {
@@ -139,6 +160,10 @@ func (m *fakeMaker) Make(ctx context.Context, id string, rec clone.Record, dir s
 		return 0, fmt.Errorf("container %s: %w", id, errdefs.ErrAlreadyExists)
 	}
 	m.made[id] = dir
+	if m.labels == nil {
+		m.labels = map[string]map[string]string{}
+	}
+	m.labels[id] = maps.Clone(labels)
 	return uint32(os.Getpid()), nil
 }
 
@@ -146,6 +171,7 @@ func (m *fakeMaker) Remove(ctx context.Context, id string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.made, id)
+	delete(m.labels, id)
 	return nil
 }
 
@@ -305,7 +331,15 @@ func TestRestoreAndFork(t *testing.T) {
 		t.Errorf("restore of a missing snapshot: %s", errOut)
 	}
 
-	out, _ = w.cube(t, ExitOK, "fork", "c1", "-n", "2", "--prefix", "k")
+	// A clone a crashed fork left (its fork's process is gone) is removed first.
+	w.maker.Make(context.Background(), "crashed-1", clone.Record{}, "/x", map[string]string{clone.LabelForkPending: "fork-x/2147483646/1"})
+	out, errOut := w.cube(t, ExitOK, "fork", "c1", "-n", "2", "--prefix", "k")
+	if _, left := w.maker.made["crashed-1"]; left || !strings.Contains(errOut, "removed crashed-1, a clone left by a fork that did not finish") {
+		t.Errorf("a crashed fork's clone: left %v, stderr %q", left, errOut)
+	}
+	if w.maker.labels["k-1"][clone.LabelForkPending] != "" {
+		t.Errorf("a kept clone is still marked pending: %v", w.maker.labels["k-1"])
+	}
 	for _, want := range []string{"k-1 vmm pid", "k-2 vmm pid", "temporary"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("fork output lacks %q:\n%s", want, out)
@@ -318,7 +352,7 @@ func TestRestoreAndFork(t *testing.T) {
 		t.Errorf("store after the fork: %q, want only %s", out, id)
 	}
 	// k-1 exists: all or nothing fails on it and removes nothing else.
-	_, errOut := w.cube(t, ExitFailure, "fork", "c1", "-n", "2", "--prefix", "k", "--all-or-nothing")
+	_, errOut = w.cube(t, ExitFailure, "fork", "c1", "-n", "2", "--prefix", "k", "--all-or-nothing")
 	if !strings.Contains(errOut, "all or nothing") {
 		t.Errorf("all-or-nothing fork onto a taken id: %s", errOut)
 	}

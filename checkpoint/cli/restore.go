@@ -185,6 +185,17 @@ func (r *runner) forkOf(ctx context.Context, id string, n int, prefix string, al
 		return clone.Forked{}, err
 	}
 	defer mc.Close()
+	// Clones a crashed fork left in this namespace go first.
+	if got, err := clone.CollectAbandoned(ctx, m); err != nil {
+		fmt.Fprintf(r.env.Stderr, "cube fork: %v\n", err)
+	} else {
+		for _, c := range got.Removed {
+			fmt.Fprintf(r.env.Stderr, "cube fork: removed %s, a clone left by a fork that did not finish\n", c)
+		}
+		for c, err := range got.Failed {
+			fmt.Fprintf(r.env.Stderr, "cube fork: %s, a clone left by a fork that did not finish, could not be removed: %v\n", c, err)
+		}
+	}
 	sh, err := r.env.Dial(ctx, target.Address)
 	if err != nil {
 		return clone.Forked{}, fmt.Errorf("%w (the shim of container %s is gone? `ctr -n %s task ls`)", err, id, r.g.namespace)

@@ -142,6 +142,10 @@ func Fork(ctx context.Context, st *store.Store, sh snapshots.Shim, m Maker, o Fo
 	if o.Prefix == "" {
 		return Forked{}, fmt.Errorf("fork of %s: no prefix for the clones' ids: %w", o.Container, errdefs.ErrInvalidArgument)
 	}
+	fin, ok := m.(Finisher)
+	if !ok {
+		return Forked{}, fmt.Errorf("fork of %s: this maker cannot mark clones as finished", o.Container)
+	}
 	rec, err := m.Record(ctx, o.Container)
 	if err != nil {
 		return Forked{}, fmt.Errorf("fork of %s: %w", o.Container, err)
@@ -151,6 +155,10 @@ func Fork(ctx context.Context, st *store.Store, sh snapshots.Shim, m Maker, o Fo
 		return Forked{}, err
 	}
 	out.Op = op
+	pending, err := pendingValue(op)
+	if err != nil {
+		return Forked{}, err
+	}
 	snapStart := time.Now()
 	taken, err := snapshots.Take(ctx, st, sh, snapshots.Options{Container: o.Container, Sandbox: o.Sandbox, Op: op})
 	if err != nil {
@@ -165,7 +173,22 @@ func Fork(ctx context.Context, st *store.Store, sh snapshots.Shim, m Maker, o Fo
 		}
 		out.Took = time.Since(start)
 	}()
-	labels := map[string]string{LabelFork: op, LabelForkedFrom: o.Container}
+	// Ordering: each clone is made marked pending (a crash from here on
+	// leaves clones CollectAbandoned finds) and loses the mark once the
+	// fork keeps it, below.
+	labels := map[string]string{LabelFork: op, LabelForkedFrom: o.Container, LabelForkPending: pending}
+	defer func() {
+		for i := range out.Clones {
+			c := &out.Clones[i]
+			if c.Err != nil || c.Removed {
+				continue
+			}
+			if ferr := fin.DropLabel(context.WithoutCancel(ctx), c.ID, LabelForkPending); ferr != nil {
+				out.Warnings = append(out.Warnings, fmt.Sprintf("clone %s: drop its %s label: %v (a later collection would take it for a crashed fork's: remove the label with `ctr containers label %s %s=`)",
+					c.ID, LabelForkPending, ferr, c.ID, LabelForkPending))
+			}
+		}
+	}()
 	failed := false
 	for i := 1; i <= o.N; i++ {
 		id := fmt.Sprintf("%s-%d", o.Prefix, i)

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -74,8 +76,30 @@ func (m *fakeMaker) Make(ctx context.Context, id string, rec Record, dir string,
 	if _, ok := m.made[id]; ok {
 		return 0, fmt.Errorf("container %s: %w", id, errdefs.ErrAlreadyExists)
 	}
-	m.made[id], m.labels[id] = dir, labels
+	m.made[id], m.labels[id] = dir, maps.Clone(labels)
 	return uint32(os.Getpid()), nil // a live pid: the store's reference follows it
+}
+
+func (m *fakeMaker) DropLabel(ctx context.Context, id, label string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.made[id]; !ok {
+		return fmt.Errorf("container %s: %w", id, errdefs.ErrNotFound)
+	}
+	delete(m.labels[id], label)
+	return nil
+}
+
+func (m *fakeMaker) Labelled(ctx context.Context, label string) (map[string]string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[string]string{}
+	for id := range m.made {
+		if v := m.labels[id][label]; v != "" {
+			out[id] = v
+		}
+	}
+	return out, nil
 }
 
 func (m *fakeMaker) Remove(ctx context.Context, id string) error {
@@ -185,6 +209,9 @@ func TestFork(t *testing.T) {
 		if c.ID != fmt.Sprintf("c-%d", i+1) || m.labels[c.ID][LabelFork] != out.Op || m.labels[c.ID][LabelForkedFrom] != "src" {
 			t.Errorf("clone %d: %+v, labels %v", i, c, m.labels[c.ID])
 		}
+		if _, pending := m.labels[c.ID][LabelForkPending]; pending {
+			t.Errorf("clone %s kept by the fork is still marked pending: %v", c.ID, m.labels[c.ID])
+		}
 	}
 	for i, ok := range m.dirs {
 		if !ok {
@@ -241,5 +268,60 @@ func assertStoreEmpty(t *testing.T, st *store.Store, id string) {
 	}
 	if ents, _ := os.ReadDir(filepath.Join(st.Root(), "pending")); len(ents) != 0 {
 		t.Errorf("pending records after the fork: %v", ents)
+	}
+}
+
+// TestCollectAbandoned: clones still marked pending by a fork whose process
+// is gone (or whose mark is garbage) are removed; a running fork's (this
+// process's) are left alone; kept clones carry no mark.
+func TestCollectAbandoned(t *testing.T) {
+	ctx := context.Background()
+	m := newMaker()
+	live, err := pendingValue("fork-live")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start, _ := processStart(os.Getpid())
+	for id, v := range map[string]string{
+		"live":     live,
+		"dead":     "fork-dead/2147483646/1",
+		"reused":   fmt.Sprintf("fork-reused/%d/%d", os.Getpid(), start+1), // this pid, another start: another process
+		"garbage":  "nonsense",
+		"finished": "",
+	} {
+		m.Make(ctx, id, testRecord(), t.TempDir(), map[string]string{LabelForkPending: v})
+	}
+	got, err := CollectAbandoned(ctx, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(got.Removed)
+	if strings.Join(got.Removed, ",") != "dead,garbage,reused" || len(got.Failed) != 0 {
+		t.Errorf("collected %+v", got)
+	}
+	if _, ok := m.made["live"]; !ok {
+		t.Error("a running fork's clone was removed")
+	}
+	if _, ok := m.made["finished"]; !ok {
+		t.Error("a finished clone was removed")
+	}
+	if _, err := CollectAbandoned(ctx, struct{ Maker }{m}); err == nil {
+		t.Error("a maker that cannot list was accepted")
+	}
+}
+
+func TestProcessStart(t *testing.T) {
+	a, err := processStart(os.Getpid())
+	if err != nil || a == 0 {
+		t.Fatalf("%d %v", a, err)
+	}
+	if b, _ := processStart(os.Getpid()); b != a {
+		t.Errorf("start time changed: %d then %d", a, b)
+	}
+	if _, err := processStart(2147483646); err == nil {
+		t.Error("a start time for a pid that does not exist")
+	}
+	if !forkAlive(fmt.Sprintf("op/%d/%d", os.Getpid(), a)) || forkAlive("op/x/1") || forkAlive("op/1") {
+		t.Error("forkAlive")
 	}
 }

@@ -143,3 +143,44 @@ func (c *Containerd) Remove(ctx context.Context, id string) error {
 	}
 	return nil
 }
+
+var (
+	_ Finisher = (*Containerd)(nil)
+	_ Lister   = (*Containerd)(nil)
+)
+
+// DropLabel implements Finisher.
+func (c *Containerd) DropLabel(ctx context.Context, id, label string) error {
+	ctx = namespaces.WithNamespace(ctx, c.Namespace)
+	ctr, err := c.Client.LoadContainer(ctx, id)
+	if err != nil {
+		return fmt.Errorf("container %s: %w", id, err)
+	}
+	if _, err := ctr.SetLabels(ctx, map[string]string{label: ""}); err != nil {
+		return fmt.Errorf("container %s: drop label %s: %w", id, label, err)
+	}
+	return nil
+}
+
+// Labelled implements Lister.
+func (c *Containerd) Labelled(ctx context.Context, label string) (map[string]string, error) {
+	ctx = namespaces.WithNamespace(ctx, c.Namespace)
+	cs, err := c.Client.Containers(ctx, fmt.Sprintf("labels.%q", label))
+	if err != nil {
+		return nil, fmt.Errorf("containers labelled %s in namespace %s: %w", label, c.Namespace, err)
+	}
+	out := map[string]string{}
+	for _, ctr := range cs {
+		labels, err := ctr.Labels(ctx)
+		if err != nil {
+			if errdefs.IsNotFound(err) {
+				continue
+			}
+			return nil, err
+		}
+		if v, ok := labels[label]; ok && v != "" {
+			out[ctr.ID()] = v
+		}
+	}
+	return out, nil
+}
