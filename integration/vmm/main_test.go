@@ -193,7 +193,14 @@ virtiofs)
 	echo "ESC_ABS=$(cat /mnt/esc-abs 2>/dev/null || echo refused)"
 	echo "ESC_DOTDOT=$(cat /mnt/../outside/secret 2>/dev/null || echo refused)"
 	echo "ESC_WRITE=$( (echo pwned >/mnt/esc-rel) 2>/dev/null && echo written || echo refused)"
+	# Snapshots: the host tries one now (refused: mounted), then creates go in the share; the guest
+	# unmounts and the host snapshots again (allowed), then stops the VM.
+	echo "MOUNTED_WAITING=1"
+	n=0
+	while [ ! -e /mnt/go ] && [ $n -lt 300 ]; do sleep 1; n=$((n+1)); done
 	if umount /mnt; then echo "UMOUNT=ok"; else echo "UMOUNT=failed"; fi
+	echo "UNMOUNTED_WAITING=1"
+	sleep 600
 	;;
 reboot) reboot -f ;;
 panic) echo c >/proc/sysrq-trigger ;;

@@ -1,12 +1,14 @@
 package vmm
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cube-runtime/cube/hypervisor/control"
 	"github.com/cube-runtime/cube/integration/vmmrun"
 )
 
@@ -26,9 +28,26 @@ func TestGuestVirtioFS(t *testing.T) {
 	must(t, os.Symlink("../outside/secret", filepath.Join(share, "esc-rel")))
 	must(t, os.Symlink(secret, filepath.Join(share, "esc-abs")))
 
-	r := vmmrun.Start(t, cubeVMM, guestArgs("virtiofs", "-fs", "tag=share0,path="+share)...)
-	if st := r.Wait(t, 5*time.Minute); st != 0 {
-		t.Fatalf("cube-vmm exit %d, want 0 (poweroff); stderr:\n%s\nconsole:\n%s", st, r.Stderr(), r.ConsoleTail())
+	sock := filepath.Join(dir, "ctl.sock")
+	r := vmmrun.Start(t, cubeVMM, guestArgs("virtiofs", "-fs", "tag=share0,path="+share, "-control", sock)...)
+	r.WaitLine(t, "MOUNTED_WAITING=1", 5*time.Minute)
+	c, err := control.Dial(t.Context(), sock)
+	must(t, err)
+	defer c.Close()
+	// Mounted: a snapshot is refused, naming the share, and the VM goes on.
+	_, err = c.Snapshot(t.Context(), filepath.Join(dir, "snap-mounted"), false)
+	var refused *control.RefusedError
+	if !errors.As(err, &refused) || !strings.Contains(err.Error(), "unmount it before a snapshot") {
+		t.Errorf("snapshot while mounted: %v, want a refusal naming the mounted share", err)
+	}
+	must(t, os.WriteFile(filepath.Join(share, "go"), nil, 0o644))
+	r.WaitLine(t, "UNMOUNTED_WAITING=1", 3*time.Minute)
+	if _, err := c.Snapshot(t.Context(), filepath.Join(dir, "snap-unmounted"), false); err != nil {
+		t.Errorf("snapshot after umount: %v", err)
+	}
+	must(t, c.Stop(t.Context()))
+	if st := r.Wait(t, 2*time.Minute); st != 12 {
+		t.Fatalf("cube-vmm exit %d, want 12 (stopped); stderr:\n%s\nconsole:\n%s", st, r.Stderr(), r.ConsoleTail())
 	}
 	want := map[string]string{
 		"MOUNT": "ok", "HOST_FILE": "from-the-host", "GUEST_WRITE": "ok", "TREE": "ok",
