@@ -13,8 +13,8 @@ import (
 // Share is one virtio-fs shared directory ([[fs]] in the config file): the
 // guest mounts it with mount -t virtiofs TAG DIR.
 type Share struct {
-	Tag      string `toml:"tag" json:"Tag"`             // 1–36 bytes, unique
-	Path     string `toml:"path" json:"Path"`           // absolute host directory
+	Tag      string `toml:"tag" json:"Tag"`            // 1–36 bytes, unique
+	Path     string `toml:"path" json:"Path"`          // absolute host directory
 	ReadOnly bool   `toml:"read_only" json:"ReadOnly"` // refuse every change with EROFS
 }
 

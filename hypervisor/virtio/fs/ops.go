@@ -50,9 +50,9 @@ func (s *Server) attrReply(n *inode) ([]byte, unix.Errno) {
 
 // setattrIn is struct fuse_setattr_in.
 type setattrIn struct {
-	valid                          uint32
-	fh, size                       uint64
-	atime, mtime                   uint64
+	valid                            uint32
+	fh, size                         uint64
+	atime, mtime                     uint64
 	atimeNs, mtimeNs, mode, uid, gid uint32
 }
 
