@@ -39,6 +39,8 @@ var Modules = []Module{
 	{"failover", "kernel/net/core/failover.ko"},
 	{"net_failover", "kernel/drivers/net/net_failover.ko"},
 	{"virtio_net", "kernel/drivers/net/virtio_net.ko"},
+	{"fuse", "kernel/fs/fuse/fuse.ko"},
+	{"virtiofs", "kernel/fs/fuse/virtiofs.ko"},
 }
 
 // ModuleLoader loads modules with finit_module(2).

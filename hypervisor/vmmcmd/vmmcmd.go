@@ -56,6 +56,10 @@ type Config struct {
 	VsockCID      uint64 `toml:"vsock_cid" json:"VsockCID"`           // guest CID, default 3
 	RNG           bool   `toml:"rng" json:"RNG"`                      // virtio-rng, default on
 	Net           []Net  `toml:"net" json:"Net,omitempty"`            // virtio-net devices on taps, after every other device
+	// FS are virtio-fs shared directories (after rng, before net).
+	// Omitted when empty, so a configuration without them records what
+	// it did before.
+	FS []Share `toml:"fs" json:"FS,omitempty"`
 	// VMGenID adds the VM generation id device (ACPI, not PCI): a new id
 	// and a notification on every restore and rollback, which a guest
 	// kernel with CONFIG_VMGENID turns into a CRNG reseed. Default off;
@@ -268,6 +272,9 @@ func machineConfig(cfg *Config, stdin io.Reader, stdout io.Writer, log *logrus.L
 	if err := checkNets(cfg.Net); err != nil {
 		return mc, nil, err
 	}
+	if err := checkShares(cfg.FS); err != nil {
+		return mc, nil, err
+	}
 	// Last: nothing to close on the refusals above.
 	out, closeConsole, err := openConsole(cfg.Console, stdout)
 	if err != nil {
@@ -329,6 +336,9 @@ func attachDevices(m *machine.Machine, cfg *Config) (func(), error) {
 			return closeAll, fmt.Errorf("rng: %w", err)
 		}
 	}
+	if err := attachShares(m, cfg.FS, &closers); err != nil {
+		return closeAll, err
+	}
 	// Last: a configuration without net devices keeps its PCI slots.
 	if err := attachNets(m, cfg.Net, &closers); err != nil {
 		return closeAll, err
@@ -376,6 +386,8 @@ func parse(args []string, stderr io.Writer) (Config, error) {
 	fs.Uint64Var(&f.VsockCID, "vsock-cid", cfg.VsockCID, "guest vsock CID (>= 3)")
 	fs.BoolVar(&f.RNG, "rng", cfg.RNG, "virtio-rng entropy device")
 	fs.BoolVar(&f.VMGenID, "vmgenid", cfg.VMGenID, "VM generation id device (ACPI VGEN + GED): a new id and a guest notification on every restore and rollback, so a guest kernel with CONFIG_VMGENID reseeds its RNG")
+	var shares shareFlags
+	fs.Var(&shares, "fs", "virtio-fs shared directory `tag=TAG,path=DIR[,ro]` (repeatable; the guest mounts it with mount -t virtiofs TAG MOUNTPOINT)")
 	var nets netFlags
 	fs.Var(&nets, "net", "virtio-net device `tap=NAME|fd=N[,mac=XX:XX:XX:XX:XX:XX]` on an existing tap (by name, or an attached tap fd the caller passed); no mac: a random locally administered one (repeatable: eth0, eth1, … in order)")
 	if err := fs.Parse(args); err != nil {
@@ -439,6 +451,8 @@ func parse(args []string, stderr io.Writer) (Config, error) {
 			cfg.VMGenID = f.VMGenID
 		case "net":
 			cfg.Net = append(cfg.Net, nets...)
+		case "fs":
+			cfg.FS = append(cfg.FS, shares...)
 		}
 	})
 	if cfg.Kernel == "" {

@@ -28,7 +28,7 @@ const (
 )
 
 // devicesModules are what the devices guest loads (with their dependencies) to see our virtio devices.
-var devicesModules = []string{"virtio_pci", "virtio_blk", "virtio_rng", "vmw_vsock_virtio_transport", "virtio_net"}
+var devicesModules = []string{"virtio_pci", "virtio_blk", "virtio_rng", "vmw_vsock_virtio_transport", "virtio_net", "virtiofs"}
 
 // bootMarker is what the marker guest's /init prints first thing in userspace.
 const bootMarker = "CUBE-BOOT-MARKER"
@@ -180,6 +180,27 @@ vmgenid)
 		echo "GEN=$n ${id:-none} ${ged:-none} $rnd"
 		sleep 1
 	done
+	;;
+virtiofs)
+	# virtio-fs (TestGuestVirtioFS): the host shares a directory as tag share0.
+	mkdir -p /mnt
+	if mount -t virtiofs share0 /mnt; then echo "MOUNT=ok"; else echo "MOUNT=failed"; fi
+	echo "HOST_FILE=$(cat /mnt/host.txt)"
+	echo guest-wrote-this >/mnt/guest.txt && sync && echo "GUEST_WRITE=ok"
+	mkdir /mnt/gdir && echo tree >/mnt/gdir/f && mv /mnt/gdir/f /mnt/gdir/g && rm /mnt/doomed && echo "TREE=ok"
+	echo "LIST=$(ls /mnt | tr '\n' ' ')"
+	echo "ESC_REL=$(cat /mnt/esc-rel 2>/dev/null || echo refused)"
+	echo "ESC_ABS=$(cat /mnt/esc-abs 2>/dev/null || echo refused)"
+	echo "ESC_DOTDOT=$(cat /mnt/../outside/secret 2>/dev/null || echo refused)"
+	echo "ESC_WRITE=$( (echo pwned >/mnt/esc-rel) 2>/dev/null && echo written || echo refused)"
+	# Snapshots: the host tries one now (refused: mounted), then creates go in the share; the guest
+	# unmounts and the host snapshots again (allowed), then stops the VM.
+	echo "MOUNTED_WAITING=1"
+	n=0
+	while [ ! -e /mnt/go ] && [ $n -lt 300 ]; do sleep 1; n=$((n+1)); done
+	if umount /mnt; then echo "UMOUNT=ok"; else echo "UMOUNT=failed"; fi
+	echo "UNMOUNTED_WAITING=1"
+	sleep 600
 	;;
 reboot) reboot -f ;;
 panic) echo c >/proc/sysrq-trigger ;;
