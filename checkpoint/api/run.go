@@ -39,7 +39,7 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger, ready chan<- strin
 		return fmt.Errorf("open the snapshot store at %s: %w (store_root in the config names another)", cfg.StoreRoot, err)
 	}
 	be := &Containerd{Conn: conn, Store: st, Namespace: cfg.Namespace, Runtime: cfg.Runtime,
-		Snapshotter: cfg.Snapshotter, State: cfg.ContainerdState}
+		Snapshotter: cfg.Snapshotter, State: cfg.ContainerdState, Log: log}
 	s, err := New(cfg, keys, be, st, Options{Log: log})
 	if err != nil {
 		return err
