@@ -33,6 +33,8 @@ type backend struct {
 	st   *store.Store
 	pid  uint32
 	busy atomic.Bool // Rollback answers "busy"
+	// made counts sandboxes made from snapshots; the failAt'th fails.
+	made, failAt int
 	*api.DirFiles
 }
 
