@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -48,8 +49,10 @@ func apiStartWorker(t *testing.T, ctx context.Context, sb *cube.Sandbox) {
 // fork(count=2) of that sandbox, held: both clones answer with its values;
 // only the first is released and advances while the second stays held, and
 // a file written in one is not in the other (they diverge). The fork's
-// temporary snapshot is gone; at the end no sandbox, container or snapshot
-// remains.
+// temporary snapshot is gone. A template built from the image (readiness:
+// the counter of the sandbox's main process is past 20) makes a sandbox
+// that maps it (in use, 409 on delete) and whose counter runs on from the
+// template's. At the end no sandbox, container or snapshot remains.
 func TestCubeAPIRestoreAndFork(t *testing.T) {
 	d := startDaemons(t)
 	if _, err := os.Stat(apiBin); err != nil {
@@ -151,6 +154,8 @@ func TestCubeAPIRestoreAndFork(t *testing.T) {
 		t.Errorf("snapshots after the fork (its temporary one must be gone): %+v %v", l, err)
 	}
 
+	apiTemplateRound(t, ctx, c)
+
 	for _, sb := range append([]*cube.Sandbox{rs}, clones...) {
 		if err := sb.Kill(ctx); err != nil {
 			t.Errorf("kill %s: %v", sb.ID, err)
@@ -168,4 +173,83 @@ func TestCubeAPIRestoreAndFork(t *testing.T) {
 	if l, _, err := c.ListSnapshots(ctx, cube.ListSnapshotsOptions{}); err != nil || len(l) != 0 {
 		t.Errorf("snapshots left: %+v %v", l, err)
 	}
+}
+
+// apiTemplateRound builds a template from the image, creates a sandbox from
+// it, checks it runs on from the template's state, and deletes both.
+func apiTemplateRound(t *testing.T, ctx context.Context, c *cube.Client) {
+	t.Helper()
+	before := len(apiSandboxes(t, ctx, c))
+	start := time.Now()
+	tp, err := c.BuildTemplate(ctx, imageRef, cube.BuildTemplateOptions{TemplateID: "e2e-tpl",
+		ReadyCmd: []string{"sh", "-c", `test "$(cat /count 2>/dev/null || echo 0)" -gt 20`}, ReadyTimeout: 240})
+	if err != nil {
+		t.Fatalf("build a template: %v", err)
+	}
+	t.Logf("template %s (snapshot %s) built in %v", tp.TemplateID, tp.SnapshotID, time.Since(start))
+	if tp.Image != imageRef || tp.InUse {
+		t.Errorf("template: %+v", tp)
+	}
+	if l, err := c.ListTemplates(ctx); err != nil || len(l) != 1 || l[0].TemplateID != "e2e-tpl" {
+		t.Errorf("templates: %+v %v", l, err)
+	}
+	// The build sandbox is gone.
+	if after := len(apiSandboxes(t, ctx, c)); after != before {
+		t.Errorf("%d sandboxes after the build, %d before", after, before)
+	}
+	sb, err := c.Create(ctx, cube.CreateOptions{Template: "e2e-tpl", Timeout: 900})
+	if err != nil {
+		t.Fatalf("create from the template: %v", err)
+	}
+	defer sb.Kill(context.Background())
+	if sb.Info.TemplateID != "e2e-tpl" {
+		t.Errorf("from the template: %+v", sb.Info)
+	}
+	// The counter ran past 20 in the template: the restored one is past it.
+	first := apiCounter(t, ctx, sb)
+	if first <= 20 {
+		t.Errorf("counter %d in a sandbox of the template: want it past the template's 20 (restored, not booted)", first)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for apiCounter(t, ctx, sb) <= first {
+		if time.Now().After(deadline) {
+			t.Fatalf("the counter of the sandbox from the template stays at %d", first)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if got, err := c.GetTemplate(ctx, "e2e-tpl"); err != nil || !got.InUse {
+		t.Errorf("template while a sandbox runs from it: %+v %v", got, err)
+	}
+	if err := c.DeleteTemplate(ctx, "e2e-tpl"); !cube.IsConflict(err) {
+		t.Errorf("delete a template in use: %v, want a conflict", err)
+	}
+	if err := sb.Kill(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DeleteTemplate(ctx, "e2e-tpl"); err != nil {
+		t.Errorf("delete the template: %v", err)
+	}
+	if _, err := c.Create(ctx, cube.CreateOptions{Template: "e2e-tpl"}); !cube.IsNotFound(err) {
+		t.Errorf("create from a deleted template: %v", err)
+	}
+}
+
+// apiCounter reads counterScript's /count in sb.
+func apiCounter(t *testing.T, ctx context.Context, sb *cube.Sandbox) int {
+	t.Helper()
+	res, err := sb.Commands.Run(ctx, "cat /count", cube.RunOptions{})
+	n, perr := strconv.Atoi(strings.TrimSpace(res.Stdout))
+	if err != nil || perr != nil {
+		t.Fatalf("%s: read the counter: %+v %v %v", sb.ID, res, err, perr)
+	}
+	return n
+}
+
+func apiSandboxes(t *testing.T, ctx context.Context, c *cube.Client) []cube.SandboxInfo {
+	t.Helper()
+	l, _, err := c.List(ctx, cube.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }
