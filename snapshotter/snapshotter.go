@@ -386,6 +386,17 @@ func (s *Snapshotter) Walk(ctx context.Context, fn snapshots.WalkFunc, fs ...str
 	})
 }
 
+// tempImageOf is the snapshot id of a temporary image name
+// (".<id>.img.tmp-<random>", hypervisor/snapshot.CloneFile's).
+func tempImageOf(name string) (string, bool) {
+	rest, ok := strings.CutPrefix(name, ".")
+	if !ok {
+		return "", false
+	}
+	id, _, ok := strings.Cut(rest, ".img.tmp-")
+	return id, ok && id != ""
+}
+
 // Cleanup deletes image files that no snapshot record references: images of
 // removed snapshots whose delete failed, and images renamed into place by a
 // call whose metadata transaction never committed.
@@ -406,6 +417,15 @@ func (s *Snapshotter) Cleanup(ctx context.Context) error {
 		}
 		for _, n := range names {
 			if id, ok := strings.CutSuffix(n, ".img"); ok {
+				if _, live := ids[id]; live {
+					continue
+				}
+			}
+			// A live snapshot's image being replaced by its writer (cube-vmm's
+			// restore clones the snapshot's disk into ".<id>.img.tmp-*", then
+			// renames it over <id>.img) is no orphan: removing it fails the
+			// restore. One of a removed snapshot is.
+			if id, ok := tempImageOf(n); ok {
 				if _, live := ids[id]; live {
 					continue
 				}

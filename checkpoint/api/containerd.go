@@ -18,7 +18,9 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/sirupsen/logrus"
 
+	"github.com/cube-runtime/cube/checkpoint/clone"
 	"github.com/cube-runtime/cube/checkpoint/shimclient"
 	"github.com/cube-runtime/cube/checkpoint/snapshots"
 	"github.com/cube-runtime/cube/checkpoint/store"
@@ -36,6 +38,16 @@ type Containerd struct {
 	State       string // containerd's state directory
 	// Net gives sandboxes whose spec asks for it a network (nil: none).
 	Net *SandboxNet
+	// Log is for what a call cannot return (a fork's cleanup warnings);
+	// logrus's standard logger when nil.
+	Log *logrus.Logger
+}
+
+func (c *Containerd) log() *logrus.Logger {
+	if c.Log == nil {
+		return logrus.StandardLogger()
+	}
+	return c.Log
 }
 
 func (c *Containerd) ctx(ctx context.Context) context.Context {
@@ -265,8 +277,15 @@ func (c *Containerd) Snapshot(ctx context.Context, id string, names []string) (s
 		return snapshots.Taken{}, err
 	}
 	defer sh.Close()
+	// The container record (image, snapshotter, runtime, spec) goes into the
+	// snapshot: creating a sandbox from it makes the container from it.
+	rec, err := (&clone.Containerd{Client: c.client(), Namespace: c.Namespace}).Record(ctx, id)
+	if err != nil {
+		return snapshots.Taken{}, fmt.Errorf("snapshot of sandbox %s: %w", id, err)
+	}
 	t, err := snapshots.Take(ctx, c.Store, sh, snapshots.Options{Container: id,
-		Sandbox: snapshots.SandboxKey(c.Namespace, target.Container.Group), Names: names})
+		Sandbox: snapshots.SandboxKey(c.Namespace, target.Container.Group), Names: names,
+		Before: func(dir string) error { return clone.WriteRecord(dir, rec) }})
 	return t, takeError(err)
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/sirupsen/logrus"
 
+	"github.com/cube-runtime/cube/checkpoint/clone"
 	"github.com/cube-runtime/cube/checkpoint/snapshots"
 	"github.com/cube-runtime/cube/checkpoint/store"
 	"github.com/cube-runtime/cube/checkpoint/store/storetest"
@@ -49,6 +50,11 @@ type fakeBackend struct {
 	rollbackErr   error
 	// policies are the egress policies set through the network route.
 	policies map[string]NetworkPolicy
+	// makeErr fails the nth clone or restore made (from 1); madeFrom is
+	// the snapshot directory each one was made from.
+	makes    int
+	makeErr  map[int]error
+	madeFrom map[string]string
 	// DirFiles is the guest's file system: a directory per sandbox.
 	*DirFiles
 }
@@ -64,7 +70,8 @@ type fakeGuestProc struct {
 func newFake(st *store.Store) *fakeBackend {
 	return &fakeBackend{images: map[string]bool{"docker.io/library/busybox:latest": true}, ctrs: map[string]*Container{},
 		specs: map[string]CreateSpec{}, st: st, ns: DefaultNamespace, pid: 100, snapping: map[string]bool{},
-		guest: map[string]map[string]*fakeGuestProc{}, snapGuest: map[string]map[string]fakeGuestProc{}}
+		guest: map[string]map[string]*fakeGuestProc{}, snapGuest: map[string]map[string]fakeGuestProc{},
+		makeErr: map[int]error{}, madeFrom: map[string]string{}}
 }
 
 func (f *fakeBackend) CheckImage(ctx context.Context, ref string) error {
@@ -132,11 +139,17 @@ func (f *fakeBackend) Get(ctx context.Context, id string) (Container, error) {
 
 func (f *fakeBackend) Delete(ctx context.Context, id string) error {
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	if _, err := f.get(id); err != nil {
+	c, err := f.get(id)
+	if err != nil {
+		f.mu.Unlock()
 		return err
 	}
 	delete(f.ctrs, id)
+	f.mu.Unlock()
+	// Its VMM is gone: so is its reference to the snapshot it was restored from.
+	if sn := c.Labels[clone.LabelRestoredFrom]; sn != "" {
+		return f.st.Release(ctx, sn, snapshots.Holder(snapshots.SandboxKey(f.ns, id)))
+	}
 	return nil
 }
 
@@ -205,15 +218,14 @@ func (f *fakeBackend) Snapshot(ctx context.Context, id string, names []string) (
 	f.snapping[id] = true
 	f.mu.Unlock()
 	defer func() { f.mu.Lock(); delete(f.snapping, id); f.mu.Unlock() }()
-	t, err := snapshots.Take(ctx, f.st, fakeShim{f}, snapshots.Options{Container: id, Sandbox: snapshots.SandboxKey(f.ns, id), Names: names})
+	rec, err := fakeMaker{f}.Record(ctx, id)
+	if err != nil {
+		return snapshots.Taken{}, err
+	}
+	t, err := snapshots.Take(ctx, f.st, fakeShim{f}, snapshots.Options{Container: id, Sandbox: snapshots.SandboxKey(f.ns, id), Names: names,
+		Before: func(dir string) error { return clone.WriteRecord(dir, rec) }})
 	if err == nil {
-		f.mu.Lock()
-		seen := map[string]fakeGuestProc{}
-		for e, g := range f.guest[id] {
-			seen[e] = *g
-		}
-		f.snapGuest[t.Snapshot.ID] = seen
-		f.mu.Unlock()
+		f.recordGuest(id, t.Snapshot.ID)
 	}
 	return t, err
 }

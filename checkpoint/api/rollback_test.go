@@ -162,6 +162,8 @@ func TestForkValidation(t *testing.T) {
 	e.wantError("POST", path, map[string]any{"count": "2"}, 400, `"count"`, "a number")
 	e.wantError("POST", path, map[string]any{"count": 2, "timeout": -1}, 400, `"timeout"`)
 	e.wantError("POST", "/sandboxes/nope/fork", map[string]any{"count": 2}, 404)
-	// The fake backend is no Forker yet.
-	e.wantError("POST", path, map[string]any{"count": 2}, http.StatusNotImplemented, "fork is not implemented yet")
+	e.wantError("POST", path, map[string]any{"count": 2, "allOrNothing": "yes"}, 400, `"allOrNothing"`)
+	if n := len(e.f.ctrs); n != 1 {
+		t.Errorf("%d sandboxes after refused forks, want 1", n)
+	}
 }

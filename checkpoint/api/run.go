@@ -10,6 +10,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/cube-runtime/cube/checkpoint/clone"
 	"github.com/cube-runtime/cube/checkpoint/shimclient"
 	"github.com/cube-runtime/cube/checkpoint/store"
 )
@@ -43,7 +44,18 @@ func Run(ctx context.Context, cfg Config, log *logrus.Logger, ready chan<- strin
 		return fmt.Errorf("the sandboxes' network: %w", err)
 	}
 	be := &Containerd{Conn: conn, Store: st, Namespace: cfg.Namespace, Runtime: cfg.Runtime,
-		Snapshotter: cfg.Snapshotter, State: cfg.ContainerdState, Net: sn}
+		Snapshotter: cfg.Snapshotter, State: cfg.ContainerdState, Net: sn, Log: log}
+	// Clones a fork left when cube-api (or `cube fork`) died mid-way go first.
+	got, err := clone.CollectAbandoned(ctx, &clone.Containerd{Client: conn.Client, Namespace: cfg.Namespace})
+	if err != nil {
+		log.WithError(err).Warn("collect the clones of forks that did not finish")
+	}
+	for _, id := range got.Removed {
+		log.WithField("sandbox", id).Info("removed a clone left by a fork that did not finish")
+	}
+	for id, err := range got.Failed {
+		log.WithError(err).WithField("sandbox", id).Warn("a clone left by a fork that did not finish could not be removed")
+	}
 	s, err := New(cfg, keys, be, st, Options{Log: log})
 	if err != nil {
 		return err

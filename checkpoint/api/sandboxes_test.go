@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/sirupsen/logrus"
 )
 
 func TestCreateGetDeleteSandbox(t *testing.T) {
@@ -68,10 +70,8 @@ func TestCreateDefaultsAndErrors(t *testing.T) {
 	// Without a default template the field is required.
 	e2 := newEnv(t, nil)
 	e2.wantError("POST", "/sandboxes", map[string]any{}, 400, `"templateID" is required`)
-	// A snapshot as the template: not yet.
-	snap := e2.snapshot(e2.create(nil).SandboxID, "base")
-	e2.wantError("POST", "/sandboxes", map[string]any{"templateID": snap.SnapshotID}, 501, "not implemented yet")
-	e2.wantError("POST", "/sandboxes", map[string]any{"templateID": "base"}, 501, "not implemented yet")
+	// An unknown snapshot id or name: 404 naming it.
+	e2.wantError("POST", "/sandboxes", map[string]any{"templateID": "0123456789abcdef01234567"}, 404, "unknown template", `"0123456789abcdef01234567"`)
 	// The backend's failure is a 5xx with its message.
 	e2.f.failErr = fmt.Errorf("containerd is gone: %w", errdefs.ErrUnavailable)
 	e2.wantError("POST", "/sandboxes", map[string]any{"templateID": "docker.io/library/busybox:latest"}, 503, "containerd is gone")
@@ -239,8 +239,23 @@ func TestListSandboxes(t *testing.T) {
 	}
 }
 
+// TestNotImplementedYet: a Backend that is no Restorer or Forker answers
+// 501 for a create from a snapshot and a fork (the Containerd backend is
+// both).
 func TestNotImplementedYet(t *testing.T) {
 	e := newEnv(t, nil)
 	id := e.create(nil).SandboxID
-	e.wantError("POST", "/sandboxes/"+id+"/fork", map[string]any{"count": 2}, http.StatusNotImplemented, "fork is not implemented yet")
+	e.snapshot(id, "base")
+	s, err := New(DefaultConfig(), nil, plainBackend{e.f}, e.st, Options{Log: logrus.New()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	plain := &env{t: t, f: e.f, st: e.st, s: s, srv: srv}
+	plain.wantError("POST", "/sandboxes/"+id+"/fork", map[string]any{"count": 2}, http.StatusNotImplemented, "fork is not implemented yet")
+	plain.wantError("POST", "/sandboxes", map[string]any{"templateID": "base"}, http.StatusNotImplemented, "not implemented yet")
 }
+
+// plainBackend hides the fake's Restore and Fork.
+type plainBackend struct{ Backend }

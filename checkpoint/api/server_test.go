@@ -126,7 +126,7 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 	}
 	// Every route answers something other than "no route".
 	for _, rt := range e.s.routes {
-		p := strings.NewReplacer("{sandboxID}", "x", "{snapshotID}", "x", "{pid}", "1").Replace(rt.Path)
+		p := strings.NewReplacer("{sandboxID}", "x", "{snapshotID}", "x", "{templateID}", "x", "{pid}", "1").Replace(rt.Path)
 		resp, b := e.do(rt.Method, p, nil)
 		if strings.Contains(string(b), "no route") {
 			t.Errorf("%s %s: %d %s", rt.Method, p, resp.StatusCode, b)

@@ -35,6 +35,8 @@ type backend struct {
 	busy atomic.Bool // Rollback answers "busy"
 	// network is the last create's network; policy the last one set.
 	network, policy *api.NetworkPolicy
+	// made counts sandboxes made from snapshots; the failAt'th fails.
+	made, failAt int
 	*api.DirFiles
 }
 

@@ -25,7 +25,9 @@ func (c *Client) handle(info SandboxInfo) *Sandbox {
 
 // CreateOptions say what sandbox to create.
 type CreateOptions struct {
-	// Template is an image reference (the client's Template when empty).
+	// Template is an image reference, a template id (BuildTemplate) or a
+	// snapshot id or name (the sandbox is restored from it: its processes
+	// run on from the snapshot); the client's Template when empty.
 	Template string
 	// Timeout in seconds (0: the server's default); past it the sandbox is
 	// killed, or paused with AutoPause.

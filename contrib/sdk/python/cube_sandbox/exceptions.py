@@ -64,3 +64,13 @@ _BY_STATUS = {400: InvalidArgumentException, 413: InvalidArgumentException, 401:
 def from_status(status, message, request_id=None):
     """The exception for an error answer."""
     return _BY_STATUS.get(status, SandboxException)(message, status=status, request_id=request_id)
+
+
+class CloneException(SandboxException):
+    """clone(n) failed: none of the clones is kept (the ones made were
+    killed) and the temporary snapshot is gone. errors: each failure."""
+
+    def __init__(self, errors):
+        super().__init__("clone: %d of the sandboxes failed, none is kept: %s"
+                         % (len(errors), "; ".join(str(e) for e in errors)))
+        self.errors = errors

@@ -7,7 +7,7 @@ import urllib.parse
 from ._http import ENV_TEMPLATE_ID, ConnectionConfig
 from .commands import Commands
 from .files import Files
-from .exceptions import InvalidArgumentException, NotFoundException
+from .exceptions import CloneException, InvalidArgumentException, NotFoundException, SandboxException, from_status
 
 
 class _hybrid:
@@ -60,6 +60,18 @@ class RollbackInfo(SnapshotInfo):
     command), warnings."""
 
 
+class ForkResult:
+    """One sandbox of a fork: .sandbox (a Sandbox) or .error (a
+    SandboxException) when it was not made."""
+
+    def __init__(self, sandbox, error):
+        self.sandbox = sandbox
+        self.error = error
+
+    def __repr__(self):
+        return "ForkResult(%r, %r)" % (self.sandbox, self.error)
+
+
 class Page(list):
     """One page of a list; next_token is None after the last."""
 
@@ -102,11 +114,14 @@ class Sandbox:
     @classmethod
     def create(cls, template=None, timeout=None, metadata=None, envs=None, auto_pause=False,
                api_url=None, api_key=None, request_timeout=60.0, allow_internet_access=None, network=None):
-        """Creates a sandbox from template (an image reference; default
-        CUBE_TEMPLATE_ID). timeout: seconds until it is killed (or paused with
-        auto_pause); None: the server's default. allow_internet_access=False
-        drops what network["allowOut"] does not name; network is E2B's
-        {"allowOut": [CIDR...], "denyOut": [...], "allowPublicTraffic": bool}."""
+        """Creates a sandbox from template: an image reference, a template id
+        (Template.build) or a snapshot id or name (the sandbox is restored from
+        it: its processes run on from the snapshot); default CUBE_TEMPLATE_ID.
+        NotFoundException when it is none of these. timeout: seconds until it
+        is killed (or paused with auto_pause); None: the server's default.
+        allow_internet_access=False drops what network["allowOut"] does not
+        name; network is E2B's {"allowOut": [CIDR...], "denyOut": [...],
+        "allowPublicTraffic": bool}."""
         conn = ConnectionConfig(api_url, api_key, request_timeout)
         template = template or os.environ.get(ENV_TEMPLATE_ID)
         if not template:
@@ -223,6 +238,56 @@ class Sandbox:
                                   body={"snapshotID": snapshot_id})
         self._conn.drop_connections()
         return RollbackInfo(info)
+
+    @_hybrid
+    def fork(self, count, timeout=None, all_or_nothing=False):
+        """Makes count sandboxes (1..100) from this one's state now: its
+        processes, memory and disk (server-side: one temporary snapshot,
+        always deleted). Returns one ForkResult per sandbox, in order: its
+        .sandbox, or its .error (a SandboxException). all_or_nothing: when
+        one fails the server deletes the ones it made."""
+        body = {"count": int(count), "allOrNothing": bool(all_or_nothing)}
+        if timeout is not None:
+            body["timeout"] = int(timeout)
+        items, _ = self._conn.call("POST", "/sandboxes/%s/fork" % _q(self.sandbox_id), body=body)
+        out = []
+        for it in items:
+            if it.get("sandbox"):
+                info = it["sandbox"]
+                out.append(ForkResult(Sandbox(info["sandboxID"], self._conn, info), None))
+            else:
+                e = it.get("error") or {}
+                out.append(ForkResult(None, from_status(e.get("code") or 500, e.get("message") or "no sandbox and no error")))
+        return out
+
+    @_hybrid
+    def clone(self, n, concurrency=None, timeout=None):
+        """Makes n sandboxes from this one's state now, all or nothing: on
+        any failure none is kept (the server deletes what it made; any it
+        returned is killed here) and CloneException says why. The temporary
+        snapshot is the server's and always deleted there, so a crash of
+        this client leaks none. concurrency (None: n) is checked (1..n);
+        cube-api makes a fork's sandboxes one after another."""
+        n = int(n)
+        if n < 1:
+            raise InvalidArgumentException("clone: n=%d: want at least 1" % n)
+        if concurrency is not None and not 1 <= int(concurrency) <= n:
+            raise InvalidArgumentException("clone: concurrency=%s: want 1..%d" % (concurrency, n))
+        results = self.fork(n, timeout=timeout, all_or_nothing=True)
+        made = [r.sandbox for r in results if r.sandbox is not None]
+        errors = [r.error for r in results if r.error is not None]
+        if not errors and len(made) == n:
+            return made
+        if not errors:
+            errors.append(SandboxException("fork answered %d sandboxes, want %d" % (len(made), n)))
+        for sb in made:
+            try:
+                sb.kill()
+            except NotFoundException:
+                pass
+            except SandboxException as e:
+                errors.append(e)
+        raise CloneException(errors)
 
     @staticmethod
     def list_snapshots(sandbox_id=None, limit=None, next_token=None, api_url=None, api_key=None):

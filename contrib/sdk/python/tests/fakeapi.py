@@ -21,6 +21,9 @@ class State:
         self.files = {}  # (sandbox, path) -> bytes, or None for a directory
         self.n = 0
         self.requests = []  # (method, path, body, headers)
+        self.templates = []  # dicts, oldest first
+        self.fail_at = set()  # the nth sandboxes made from snapshots (from 1) that fail
+        self.made = 0
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -104,10 +107,15 @@ def sandbox_or_404(h, st, sid):
 def create(h, st, q, body):
     if not isinstance(body, dict) or not body.get("templateID"):
         return h.error(400, 'field "templateID" is required')
-    if body["templateID"] != "busybox":
-        return h.error(404, 'unknown template "%s"' % body["templateID"])
+    ref = body["templateID"]
+    if ref != "busybox" and find_snapshot(st, ref) is None and find_template(st, ref) is None:
+        return h.error(404, 'field "templateID": unknown template "%s": no such image or snapshot' % ref)
     if not isinstance(body.get("timeout", 0), int):
         return h.error(400, 'field "timeout": want a number')
+    h.reply(201, new_sandbox(st, body))
+
+
+def new_sandbox(st, body):
     st.n += 1
     sid = "sb%018d" % st.n
     sb = {"sandboxID": sid, "templateID": body["templateID"], "clientID": "cube", "state": "running",
@@ -115,7 +123,89 @@ def create(h, st, q, body):
           "autoPause": body.get("autoPause", False), "metadata": body.get("metadata") or {},
           "envs": body.get("envVars") or {}}
     st.sandboxes[sid] = sb
-    h.reply(201, sb)
+    return sb
+
+
+def find_template(st, tid):
+    for t in st.templates:
+        if t["templateID"] == tid:
+            return t
+    return None
+
+
+def fork(h, st, q, body, sid):
+    src = sandbox_or_404(h, st, sid)
+    if src is None:
+        return
+    count = (body or {}).get("count")
+    if not isinstance(count, int) or not 1 <= count <= 100:
+        return h.error(400, 'field "count": %r is out of range 1..100' % (count,))
+    all_or_nothing = bool((body or {}).get("allOrNothing"))
+    # The temporary snapshot, as cube-api's: gone when the answer is sent.
+    st.n += 1
+    tmp = {"snapshotID": "%024x" % st.n, "names": [], "sandboxID": sid, "kind": "full", "inUse": False}
+    st.snapshots.append(tmp)
+    items, failed = [], False
+    for _ in range(count):
+        if failed and all_or_nothing:
+            items.append({"error": {"code": 409, "message": "not made: another clone failed first (all or nothing)"}})
+            continue
+        st.made += 1
+        if st.made in st.fail_at:
+            failed = True
+            items.append({"error": {"code": 500, "message": "clone %d: out of memory" % st.made}})
+            continue
+        sb = new_sandbox(st, {"templateID": src["templateID"], "timeout": (body or {}).get("timeout"),
+                              "metadata": src["metadata"]})
+        items.append({"sandbox": sb})
+    if failed and all_or_nothing:
+        for i, it in enumerate(items):
+            if "sandbox" in it:
+                del st.sandboxes[it["sandbox"]["sandboxID"]]
+                items[i] = {"error": {"code": 409, "message": "made, then deleted (all or nothing)"}}
+    st.snapshots.remove(tmp)
+    st.last_fork = items
+    h.reply(200, items)
+
+
+def not_yet(h, st, q, body):
+    h.error(501, "not implemented yet")
+
+
+def build_template(h, st, q, body):
+    if not isinstance(body, dict) or not body.get("image"):
+        return h.error(400, 'field "image" is required')
+    if body["image"] != "busybox":
+        return h.error(404, 'field "image": unknown image "%s"' % body["image"])
+    if body.get("readyCmd") == ["false"]:
+        return h.error(504, 'template: not ready within 1s: readyCmd ["false"]: exit code 1')
+    st.n += 1
+    tid = body.get("templateID") or "tpl-%06d" % st.n
+    if find_template(st, tid) or find_snapshot(st, tid):
+        return h.error(409, 'field "templateID": "%s" names a snapshot or template already' % tid)
+    t = {"templateID": tid, "snapshotID": "%024x" % st.n, "image": body["image"], "sizeBytes": 4096,
+         "createdAt": "2026-12-01T12:00:00Z", "inUse": False, "buildMs": 12.5, "request": body}
+    st.templates.append(t)
+    h.reply(201, t)
+
+
+def list_templates(h, st, q, body):
+    h.reply(200, st.templates)
+
+
+def get_template(h, st, q, body, tid):
+    t = find_template(st, tid)
+    h.reply(200, t) if t else h.error(404, 'no template "%s"' % tid)
+
+
+def delete_template(h, st, q, body, tid):
+    t = find_template(st, tid)
+    if t is None:
+        return h.error(404, 'no template "%s"' % tid)
+    if t["inUse"]:
+        return h.error(409, "template %s is in use" % tid)
+    st.templates.remove(t)
+    h.reply(204)
 
 
 def page(h, items, q):
@@ -302,10 +392,6 @@ def kill(h, st, q, body, sid, pid):
         h.reply(204)
 
 
-def not_yet(h, st, q, body, sid):
-    h.error(501, "not implemented yet")
-
-
 def rollback(h, st, q, body, sid):
     if not sandbox_or_404(h, st, sid):
         return
@@ -426,7 +512,12 @@ ROUTES = [
     (("POST", "/sandboxes/%s/timeout" % ID), set_timeout),
     (("POST", "/sandboxes/%s/snapshots" % ID), create_snapshot),
     (("POST", "/sandboxes/%s/rollback" % ID), rollback),
-    (("POST", "/sandboxes/%s/fork" % ID), not_yet),
+    (("POST", "/sandboxes/%s/fork" % ID), fork),
+    (("POST", "/templates"), build_template),
+    (("POST", "/fake/not-implemented"), not_yet),  # fake-only: the 501 mapping
+    (("GET", "/templates"), list_templates),
+    (("GET", "/templates/" + ID), get_template),
+    (("DELETE", "/templates/" + ID), delete_template),
     (("GET", "/snapshots"), list_snapshots),
     (("GET", "/snapshots/" + ID), get_snapshot),
     (("DELETE", "/snapshots/" + ID), delete_snapshot),

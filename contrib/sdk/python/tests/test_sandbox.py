@@ -6,9 +6,9 @@ import threading
 import unittest
 from unittest import mock
 
-from cube_sandbox import (AuthenticationException, CommandExitException, ConflictException,
-                          InvalidArgumentException, NotFoundException, NotImplementedException, Sandbox,
-                          SandboxException, TimeoutException)
+from cube_sandbox import (AuthenticationException, CloneException, CommandExitException, ConflictException,
+                          ForkResult, InvalidArgumentException, NotFoundException, NotImplementedException, Sandbox,
+                          SandboxException, Template, TimeoutException)
 
 from cube_sandbox._http import ConnectionConfig
 
@@ -226,7 +226,97 @@ class TestSnapshots(Base):
 
     def test_not_implemented(self):
         with self.assertRaises(NotImplementedException):
-            ConnectionConfig().call("POST", "/sandboxes/x/fork", body={"count": 2})
+            ConnectionConfig().call("POST", "/fake/not-implemented", body={})
+
+
+class TestForkAndClone(Base):
+    def test_create_from_snapshot(self):
+        sb = Sandbox.create()
+        snap = sb.create_snapshot("one")
+        for ref in (snap.snapshot_id, "one"):
+            again = Sandbox.create(template=ref)
+            self.assertEqual(again.info.template_id, ref)
+            self.assertNotEqual(again.sandbox_id, sb.sandbox_id)
+            self.assertEqual(self.st.requests[-1][2]["templateID"], ref)
+        with self.assertRaises(NotFoundException) as cm:
+            Sandbox.create(template="0123456789abcdef01234567")
+        self.assertIn("0123456789abcdef01234567", str(cm.exception))
+
+    def test_fork(self):
+        sb = Sandbox.create(metadata={"k": "v"})
+        res = sb.fork(3, timeout=60)
+        method, path, body, _ = self.st.requests[-1]
+        self.assertEqual((method, path, body), ("POST", "/sandboxes/%s/fork" % sb.sandbox_id,
+                                                {"count": 3, "allOrNothing": False, "timeout": 60}))
+        self.assertEqual(len(res), 3)
+        self.assertTrue(all(r.error is None and r.sandbox.info.metadata == {"k": "v"} for r in res))
+        self.assertEqual(len({r.sandbox.sandbox_id for r in res}), 3)
+        self.assertTrue(res[0].sandbox.commands.run("echo hi").stdout.startswith("hi"))
+        # Per-item results: the second fails, the others are made.
+        self.st.made, self.st.fail_at = 0, {2}
+        res = Sandbox.fork(sb.sandbox_id, 3)
+        self.assertIsNotNone(res[0].sandbox)
+        self.assertIsInstance(res[1].error, SandboxException)
+        self.assertEqual(res[1].error.status, 500)
+        self.assertIsNotNone(res[2].sandbox)
+        with self.assertRaises(InvalidArgumentException):
+            sb.fork(0)
+        self.assertEqual(self.st.snapshots, [])  # the temporary snapshots are gone
+
+    def test_clone_all_or_nothing(self):
+        sb = Sandbox.create()
+        clones = sb.clone(4, concurrency=2)
+        self.assertEqual(len(clones), 4)
+        self.assertEqual(self.st.requests[-1][2], {"count": 4, "allOrNothing": True})
+        before = set(self.st.sandboxes)
+        self.st.made, self.st.fail_at = 0, {3}
+        with self.assertRaises(CloneException) as cm:
+            sb.clone(4, concurrency=2)
+        self.assertTrue(cm.exception.errors)
+        self.assertEqual(set(self.st.sandboxes), before)  # no clone left
+        self.assertEqual(self.st.snapshots, [])  # nor the temporary snapshot
+        with self.assertRaises(InvalidArgumentException):
+            sb.clone(2, concurrency=3)
+        with self.assertRaises(InvalidArgumentException):
+            sb.clone(0)
+
+    def test_clone_kills_what_the_server_returned(self):
+        # A server that answered some sandboxes beside an error: clone kills them.
+        sb = Sandbox.create()
+        made = Sandbox.create()
+        with mock.patch.object(Sandbox, "fork", lambda self, n, timeout=None, all_or_nothing=False: [
+                ForkResult(made, None), ForkResult(None, SandboxException("boom", status=500))]):
+            with self.assertRaises(CloneException):
+                sb.clone(2)
+        self.assertNotIn(made.sandbox_id, self.st.sandboxes)
+
+
+class TestTemplates(Base):
+    def test_templates(self):
+        t = Template.build("busybox", template_id="py", ready_cmd=["true"], ready_timeout=30, envs={"A": "1"})
+        self.assertEqual((t.template_id, t.image, t.build_ms), ("py", "busybox", 12.5))
+        method, path, body, _ = self.st.requests[-1]
+        self.assertEqual((method, path, body), ("POST", "/templates", {"image": "busybox", "templateID": "py",
+                                                                       "readyCmd": ["true"], "readyTimeout": 30, "envVars": {"A": "1"}}))
+        gen = Template.build("busybox")
+        self.assertTrue(gen.template_id.startswith("tpl-"))
+        self.assertEqual([x.template_id for x in Template.list()], ["py", gen.template_id])
+        self.assertEqual(Template.get("py").snapshot_id, t.snapshot_id)
+        sb = Sandbox.create(template="py")
+        self.assertEqual(sb.info.template_id, "py")
+        with self.assertRaises(ConflictException):
+            Template.build("busybox", template_id="py")
+        with self.assertRaises(NotFoundException):
+            Template.build("nope")
+        with self.assertRaises(TimeoutException):
+            Template.build("busybox", ready_cmd=["false"])
+        self.assertTrue(Template.delete("py"))
+        with self.assertRaises(NotFoundException):
+            Template.get("py")
+        with self.assertRaises(NotFoundException):
+            Template.delete("py")
+        with self.assertRaises(NotFoundException):
+            Sandbox.create(template="py")
 
 
 class TestFiles(Base):
