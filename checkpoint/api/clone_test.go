@@ -149,5 +149,3 @@ func TestForkFailures(t *testing.T) {
 	e.f.failErr = fmt.Errorf("containerd is gone: %w", errdefs.ErrUnavailable)
 	e.wantError("POST", path, map[string]any{"count": 1}, 503, "containerd is gone")
 }
-
-
