@@ -16,6 +16,7 @@ import (
 
 	"github.com/cube-runtime/cube/guest-agent/protocol"
 	"github.com/cube-runtime/cube/hypervisor/snapshot"
+	"github.com/cube-runtime/cube/hypervisor/virtio/net/taptest"
 	"github.com/cube-runtime/cube/integration/vmmrun"
 )
 
@@ -139,8 +140,14 @@ func TestCRICheckpointPodVM(t *testing.T) {
 
 	// The archive's snapshot in a new VMM: the container's process is there and counts on.
 	rdir := t.TempDir()
-	vmm := vmmrun.Start(t, cubeVMM, "restore", "-disk-dir", rdir, "-control", rdir+"/ctl.sock",
-		"-vsock", rdir+"/vsock.sock", "-console", rdir+"/console.log", snapDir)
+	args := []string{"restore", "-disk-dir", rdir, "-control", rdir + "/ctl.sock",
+		"-vsock", rdir + "/vsock.sock", "-console", rdir + "/console.log"}
+	if c.podNet {
+		// The pod VM had a NIC on CNI's network (a tap the shim passed as an fd): the restored VM needs a
+		// tap of its own; this one leads nowhere, which the counter does not mind.
+		args = append(args, "-net", "tap="+taptest.Make(t, "ckpt", 0))
+	}
+	vmm := vmmrun.Start(t, cubeVMM, append(args, snapDir)...)
 	agent := dialAgent(t, rdir+"/vsock.sock", vmm)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
