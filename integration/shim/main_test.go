@@ -91,8 +91,9 @@ func TestMain(m *testing.M) {
 		Timeout: 25 * time.Minute,
 		Files:   env.Files,
 		// The snapshotter makes ext4 images; containerd's diff applier
-		// loop-mounts them to unpack layers.
-		Tools: []string{"mkfs.ext4", "debugfs"},
+		// loop-mounts them to unpack layers. containerd's CRI CheckpointContainer refuses to run without a
+		// criu binary of a minimum version, even for a runtime that does not use it (TestCRICheckpointPodVM).
+		Tools: []string{"mkfs.ext4", "debugfs", "criu"},
 		// CRI pod networking: veth + bridge (CNI's bridge plugin), the VM's tap and the tc redirects; egress policies.
 		Modules: []string{"loop", "overlay", "tun", "veth", "bridge", "sch_ingress", "cls_u32", "act_mirred", "nf_tables"},
 	})

@@ -230,7 +230,7 @@ func (s *Service) Create(ctx context.Context, req *taskAPI.CreateTaskRequest) (_
 		return nil, err
 	}
 	c := &container{id: req.ID, bundle: req.Bundle, rootfs: image, stdio: uris, init: p, execs: map[string]*execProc{},
-		guestRoot: mountPoint, volumes: use}
+		guestRoot: mountPoint, volumes: use, podSandbox: spec.Annotations[ContainerTypeAnnotation] == "sandbox"}
 	s.mu.Lock()
 	s.containers[req.ID] = c
 	s.mu.Unlock()

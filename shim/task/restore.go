@@ -50,7 +50,9 @@ func checkpointVM(dir string) (vm string, unpacked bool, err error) {
 	}
 	for _, cand := range []string{filepath.Join(dir, CheckpointDirName), dir} {
 		if _, err := os.Stat(filepath.Join(cand, snapshot.ManifestName)); err == nil {
-			unpacked = cand != dir && strings.HasPrefix(filepath.Base(dir), containerdCheckpointPrefix)
+			// containerd's copy holds vm/ (older checkpoints) or the snapshot flat
+			// (a checkpoint without an ImagePath: shim/task/checkpoint.go).
+			unpacked = strings.HasPrefix(filepath.Base(dir), containerdCheckpointPrefix)
 			return cand, unpacked, nil
 		}
 	}

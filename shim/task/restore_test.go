@@ -62,6 +62,16 @@ func TestCheckpointVM(t *testing.T) {
 	if got, unpacked, err := checkpointVM(unpackedDir); err != nil || got != vm || !unpacked {
 		t.Errorf("containerd's unpacked checkpoint: %s %v %v", got, unpacked, err)
 	}
+	// containerd's unpacked copy of a checkpoint written flat (no ImagePath): removed too.
+	flat := filepath.Join(top, "ctrd-checkpoint456")
+	writeCheckpoint(t, flat, testManifest(""), nil)
+	if err := os.Rename(filepath.Join(flat, CheckpointDirName, snapshot.ManifestName), filepath.Join(flat, snapshot.ManifestName)); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(filepath.Join(flat, CheckpointDirName))
+	if got, unpacked, err := checkpointVM(flat); err != nil || got != flat || !unpacked {
+		t.Errorf("containerd's unpacked flat checkpoint: %s %v %v", got, unpacked, err)
+	}
 	// A store snapshot (runc's CriuImagePath): the manifest at the top, never removed.
 	if got, unpacked, err := checkpointVM(vm); err != nil || got != vm || unpacked {
 		t.Errorf("a VM snapshot directory: %s %v %v", got, unpacked, err)

@@ -34,6 +34,10 @@ import (
 // SandboxIDAnnotation groups CRI pod containers into one VM.
 const SandboxIDAnnotation = "io.kubernetes.cri.sandbox-id"
 
+// ContainerTypeAnnotation is CRI's container type: "sandbox" marks a pod's
+// pause container, "container" an app container.
+const ContainerTypeAnnotation = "io.kubernetes.cri.container-type"
+
 // SandboxFactory makes the (not yet started) sandbox VM for the first
 // container of this shim. Tests swap it for fakes.
 type SandboxFactory func(ctx context.Context, sandboxID string, cfg config.Config, spec *specs.Spec, bundle string) (*sandbox.Sandbox, error)
@@ -81,6 +85,10 @@ type container struct {
 	// guestRoot is the guest mount point of the rootfs disk.
 	guestRoot string
 	volumes   volumeUse
+	// podSandbox: the pod's pause container (CRI's container type
+	// "sandbox"). It runs nothing but pause, so freezing the VM under it
+	// (Pause, Checkpoint of an app container) changes nothing it does.
+	podSandbox bool
 }
 
 type execProc struct {
