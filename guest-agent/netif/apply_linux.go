@@ -41,7 +41,12 @@ func Apply(c Config) ([]Applied, error) {
 	return done, nil
 }
 
-// findLink returns the interface with DeviceMAC (when set) or MAC.
+// findLink returns the interface whose device address is DeviceMAC (when
+// set), else the one with MAC. The device address is the permanent one the
+// driver read from the NIC (IFLA_PERM_ADDRESS), or the current one: a
+// sandbox restored once runs under a new MAC on the same device, and a
+// snapshot of it records the device's MAC, so a restore of that snapshot
+// must find the interface by what the device says, not what the guest set.
 func findLink(in Interface) (netlink.Link, error) {
 	links, err := netlink.LinkList()
 	if err != nil {
@@ -51,8 +56,12 @@ func findLink(in Interface) (netlink.Link, error) {
 	var seen []string
 	for _, l := range links {
 		a := l.Attrs()
-		seen = append(seen, a.Name+"="+a.HardwareAddr.String())
-		if in.DeviceMAC != nil && bytes.Equal(a.HardwareAddr, in.DeviceMAC) {
+		s := a.Name + "=" + a.HardwareAddr.String()
+		if len(a.PermHWAddr) > 0 && !bytes.Equal(a.PermHWAddr, a.HardwareAddr) {
+			s += " (device " + a.PermHWAddr.String() + ")"
+		}
+		seen = append(seen, s)
+		if in.DeviceMAC != nil && (bytes.Equal(a.PermHWAddr, in.DeviceMAC) || bytes.Equal(a.HardwareAddr, in.DeviceMAC)) {
 			return l, nil
 		}
 		if byMAC == nil && bytes.Equal(a.HardwareAddr, in.MAC) {

@@ -39,9 +39,11 @@ type Config struct {
 type Interface struct {
 	// MAC is the address the interface must have.
 	MAC net.HardwareAddr
-	// DeviceMAC, when not nil, is the address the device has now (a restored
-	// VM's NIC keeps its snapshot's); the interface is found by it, or by MAC
-	// once it has that (a re-apply), and MAC is set on it.
+	// DeviceMAC, when not nil, is the device's own address (a restored VM's
+	// NIC keeps its snapshot's, which the guest may have replaced with
+	// another sandbox's MAC before that snapshot: the kernel keeps the
+	// device's as the permanent address); the interface is found by it, or
+	// by MAC once it has that (a re-apply), and MAC is set on it.
 	DeviceMAC net.HardwareAddr
 	// MTU, 0 to keep the current one.
 	MTU int
