@@ -14,7 +14,7 @@ export GOFLAGS ?= -buildvcs=false
 .PHONY: help deps build guest test test-unit test-full e2e bench demo fuzz vet proto-check clean stress
 
 help:
-	@echo "make demo       ctr run --runtime io.cube.v1: a container in its own microVM, through containerd (in the test host)"
+	@echo "make demo       the SDK story in the test host: sandbox, snapshot, rollback in place, fork (Go SDK → cube-api → containerd → microVMs)"
 	@echo "make test       all tiers: unit, host /dev/kvm, and end-to-end in the test host"
 	@echo "make test-unit  unit and host-KVM tiers only (go test -short)"
 	@echo "make test-full  all non-e2e tests, incl. root ones (snapshotter suites, containerd daemon)"
@@ -100,11 +100,12 @@ stress: deps
 bench: deps
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem $(BENCH_PKGS)
 
-# The main job, as a user meets it: in the test host (nested KVM, since this machine's /dev/kvm cannot run
-# Linux), containerd 2.4.2 with cube-snapshotter imports an image and `ctr run --rm --runtime io.cube.v1
-# --snapshotter cube` runs a container in its own microVM (containerd-shim-cube-v1 → cube-vmm → guest agent).
+# The main job, as a user meets it: in the test host (nested KVM: this machine has no usable /dev/kvm),
+# containerd 2.4.2 with cube-snapshotter and io.cube.v1 under cube-api, and the Go SDK's demo program
+# (contrib/sdk/go/examples/demo) against it: a sandbox with a running process, snapshot, a destructive change,
+# rollback in place (the file and the process with its PID back), fork of 2. Its steps are the test's log.
 demo: deps build
-	$(GO) test -count=1 -v -run TestCtrRun ./integration/shim
+	$(GO) test -count=1 -v -run '^TestDemo$$' ./integration/shim
 
 # Every fuzz target, one after another (each part's FUZZTIME / DEVICE_FUZZTIME per target).
 fuzz: fuzz-hypervisor fuzz-devices agent-fuzz snapshotter-fuzz fuzz-shim fuzz-snapshot fuzz-store fuzz-cli fuzz-api

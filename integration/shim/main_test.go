@@ -52,6 +52,7 @@ func TestMain(m *testing.M) {
 		// TestCubeSnapshots' rollback worker (static: it runs in the busybox image).
 		workerBin: "github.com/cube-runtime/cube/integration/snapshot/worker",
 		apiBin:    "github.com/cube-runtime/cube/cmd/cube-api",
+		demoBin:   "github.com/cube-runtime/cube/contrib/sdk/go/examples/demo",
 	})
 	if err == nil {
 		err = writeImageTar(env)
