@@ -14,7 +14,7 @@ export GOFLAGS ?= -buildvcs=false
 .PHONY: help deps build guest test test-unit test-full e2e bench demo fuzz vet proto-check clean stress
 
 help:
-	@echo "make demo       the SDK story in the test host: sandbox, snapshot, rollback in place, fork (Go SDK → cube-api → containerd → microVMs)"
+	@echo "make demo       the SDK story from this shell: Python SDK → cube-api in the test host → containerd → microVMs (snapshot, rollback, fork)"
 	@echo "make test       all tiers: unit, host /dev/kvm, and end-to-end in the test host"
 	@echo "make test-unit  unit and host-KVM tiers only (go test -short)"
 	@echo "make test-full  all non-e2e tests, incl. root ones (snapshotter suites, containerd daemon)"
@@ -101,11 +101,12 @@ bench: deps
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem $(BENCH_PKGS)
 
 # The main job, as a user meets it: in the test host (nested KVM: this machine has no usable /dev/kvm),
-# containerd 2.4.2 with cube-snapshotter and io.cube.v1 under cube-api, and the Go SDK's demo program
-# (contrib/sdk/go/examples/demo) against it: a sandbox with a running process, snapshot, a destructive change,
-# rollback in place (the file and the process with its PID back), fork of 2. Its steps are the test's log.
+# containerd 2.4.2 with cube-snapshotter and io.cube.v1 under cube-api, reached from this machine's shell through
+# a forwarded port by the Python SDK's demo (contrib/sdk/python/examples/demo.py): a program counting in memory,
+# snapshot, SIGKILL, rollback in place (same PID, counting on), fork 3 that diverge; each step timed.
+# (`make test` runs the same story inside the test host with the Go SDK: TestDemo.)
 demo: deps build
-	$(GO) test -count=1 -v -run '^TestDemo$$' ./integration/shim
+	bash contrib/scripts/demo.sh
 
 # Every fuzz target, one after another (each part's FUZZTIME / DEVICE_FUZZTIME per target).
 fuzz: fuzz-hypervisor fuzz-devices agent-fuzz snapshotter-fuzz fuzz-shim fuzz-snapshot fuzz-store fuzz-cli fuzz-api

@@ -3,16 +3,44 @@ package shim
 import (
 	"bufio"
 	"context"
+	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cube-runtime/cube/integration/testhost"
 )
 
 // demoBin is contrib/sdk/go/examples/demo in the test host (TestMain builds it).
 const demoBin = "/cube/bin/cube-demo"
+
+// The demo from the machine's shell (`make demo`, contrib/scripts/demo.sh): CUBE_DEMO_PORT=P on the machine
+// forwards 127.0.0.1:P to cube-api in the test host and P+1 to the "done" port; TestDemo then serves the
+// stack (envDemoServe inside) until the client outside posts /done.
+const (
+	envDemoPort  = "CUBE_DEMO_PORT"
+	envDemoServe = "CUBE_DEMO_SERVE"
+	demoAPIPort  = 3000
+	demoDonePort = 3001
+)
+
+// demoForwards are the test host's forwards when CUBE_DEMO_PORT is set (nil otherwise).
+func demoForwards() ([]testhost.Forward, error) {
+	v := os.Getenv(envDemoPort)
+	if v == "" {
+		return nil, nil
+	}
+	p, err := strconv.Atoi(v)
+	if err != nil || p < 1024 || p > 65534 {
+		return nil, fmt.Errorf("%s=%q: want a free TCP port 1024..65534 on 127.0.0.1 (it and the next one are forwarded to the test host)", envDemoPort, v)
+	}
+	return []testhost.Forward{{HostPort: p, GuestPort: demoAPIPort}, {HostPort: p + 1, GuestPort: demoDonePort}}, nil
+}
 
 // TestDemo is `make demo`: the SDK story a user runs against cube-api —
 // contrib/sdk/go/examples/demo, unchanged, against a cube-api on the real
@@ -26,6 +54,11 @@ func TestDemo(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	d.importForAPI(t, ctx)
+	if os.Getenv(envDemoServe) == "1" {
+		d.serveDemo(t, ctx)
+		d.checkAPINamespaceEmpty(t, ctx)
+		return
+	}
 	addr := freeAddr(t)
 	d.startAPI(t, addr)
 
@@ -61,6 +94,12 @@ func TestDemo(t *testing.T) {
 		}
 	}
 	// Nothing the demo made remains in cube-api's namespace.
+	d.checkAPINamespaceEmpty(t, ctx)
+}
+
+// checkAPINamespaceEmpty fails the test when a container is left in cube-api's namespace.
+func (d *daemons) checkAPINamespaceEmpty(t *testing.T, ctx context.Context) {
+	t.Helper()
 	ls := exec.CommandContext(ctx, ctrBin, "--address", d.dir+"/containerd.sock", "--namespace", apiNamespace, "containers", "ls", "-q")
 	ls.Env = d.env
 	left, err := ls.CombinedOutput()
@@ -69,5 +108,31 @@ func TestDemo(t *testing.T) {
 	}
 	if s := strings.TrimSpace(string(left)); s != "" {
 		t.Errorf("containers left after the demo: %s", s)
+	}
+}
+
+// serveDemo runs cube-api on the forwarded port (all addresses: the forward arrives on eth0; its API key is
+// the e2e one, which the script outside uses) and waits for POST /done on the other forwarded port, or the
+// context's end.
+func (d *daemons) serveDemo(t *testing.T, ctx context.Context) {
+	d.startAPI(t, fmt.Sprintf("0.0.0.0:%d", demoAPIPort))
+	done := make(chan struct{})
+	var once sync.Once
+	srv := &http.Server{Addr: fmt.Sprintf(":%d", demoDonePort), Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost || r.URL.Path != "/done" {
+			http.Error(w, "POST /done ends the demo's test host", http.StatusNotFound)
+			return
+		}
+		once.Do(func() { close(done) })
+	})}
+	go srv.ListenAndServe()
+	defer srv.Close()
+	t.Logf("demo: cube-api serves on the forwarded port %d (key %s); waiting for POST /done on %d", demoAPIPort, apiKey, demoDonePort)
+	fmt.Println("CUBE-DEMO-READY")
+	select {
+	case <-done:
+		t.Log("demo: the client is done")
+	case <-ctx.Done():
+		t.Fatalf("demo: no POST /done before the deadline: %v", ctx.Err())
 	}
 }

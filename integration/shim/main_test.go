@@ -87,6 +87,15 @@ func TestMain(m *testing.M) {
 	if v := os.Getenv("CUBE_E2E_VMM_KILL"); v != "" {
 		envs = append(envs, "CUBE_E2E_VMM_KILL="+v) // =running: TestCtrVMMKilled kills a running VMM
 	}
+	forwards, err := demoForwards()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: %v\n", err)
+		env.Close()
+		os.Exit(1)
+	}
+	if forwards != nil {
+		envs = append(envs, envDemoServe+"=1")
+	}
 	code := testhost.RunMain(m, testhost.Options{
 		Env:     envs,
 		Timeout: 25 * time.Minute,
@@ -96,7 +105,8 @@ func TestMain(m *testing.M) {
 		// criu binary of a minimum version, even for a runtime that does not use it (TestCRICheckpointPodVM).
 		Tools: []string{"mkfs.ext4", "debugfs", "criu"},
 		// CRI pod networking: veth + bridge (CNI's bridge plugin), the VM's tap and the tc redirects; egress policies.
-		Modules: []string{"loop", "overlay", "tun", "veth", "bridge", "sch_ingress", "cls_u32", "act_mirred", "nf_tables"},
+		Modules:  []string{"loop", "overlay", "tun", "veth", "bridge", "sch_ingress", "cls_u32", "act_mirred", "nf_tables"},
+		Forwards: forwards,
 	})
 	env.Close() // not deferred: os.Exit skips deferred calls
 	os.Exit(code)

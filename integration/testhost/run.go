@@ -74,6 +74,9 @@ func Run(ctx context.Context, o Options, p Payload, output io.Writer) (*Result, 
 	if err := opts.Platform.validate(); err != nil {
 		return nil, err
 	}
+	if err := validateForwards(opts.Forwards); err != nil {
+		return nil, err
+	}
 	logf := logrus.Infof
 	qemu, err := findQEMU(ctx, opts, logf)
 	if err != nil {
@@ -124,6 +127,7 @@ func Run(ctx context.Context, o Options, p Payload, output io.Writer) (*Result, 
 		"-serial", "file:" + console,
 		"-serial", "stdio",
 	}
+	args = append(args, forwardArgs(opts.Forwards)...)
 	rctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
 	cmd := exec.Command(qemu, args...)
@@ -311,6 +315,7 @@ func buildRootDisk(ctx context.Context, art *artifacts, o *Options, p Payload, s
 		}
 		script.WriteString("export " + shellQuote(e) + "\n")
 	}
+	script.WriteString(forwardScript(o.Forwards))
 	script.WriteString("exec " + shellQuote(inside))
 	for _, a := range p.Args {
 		script.WriteString(" " + shellQuote(a))

@@ -13,6 +13,7 @@ package testhost
 
 import (
 	"os"
+	"slices"
 	"time"
 
 	"github.com/cube-runtime/cube/contrib/guestimage"
@@ -63,7 +64,20 @@ type Options struct {
 	Env []string
 	// Platform is the emulated machine and its KVM (defaults from the environment, then Default*).
 	Platform Platform
+	// Forwards are TCP ports of the machine's 127.0.0.1 forwarded to ports of the test host (QEMU user
+	// networking with restrict=on: the test host reaches nothing outside, only these connections come in).
+	// With any, the test host gets a virtio-net NIC, eth0 at ForwardGuestAddr, and loads virtio_net.
+	Forwards []Forward
 }
+
+// Forward is one forwarded port: connections to 127.0.0.1:HostPort on the machine reach GuestPort in the
+// test host (its eth0 address, ForwardGuestAddr: a server listening there or on 0.0.0.0 gets them).
+type Forward struct {
+	HostPort, GuestPort int
+}
+
+// ForwardGuestAddr is the test host's eth0 address when it has Forwards (QEMU user networking's default).
+const ForwardGuestAddr = "10.0.2.15"
 
 func (o *Options) withDefaults() Options {
 	r := *o
@@ -81,6 +95,9 @@ func (o *Options) withDefaults() Options {
 	}
 	if r.DiskMiB <= 0 {
 		r.DiskMiB = DefaultDiskMiB
+	}
+	if len(r.Forwards) > 0 && !slices.Contains(r.Modules, "virtio_net") {
+		r.Modules = append(slices.Clip(r.Modules), "virtio_net")
 	}
 	r.Platform = r.Platform.withDefaults()
 	if r.CacheDir == "" {
