@@ -91,9 +91,10 @@ func (d *daemons) counterAbove(t *testing.T, id string, n int) int {
 // then `--name s2 --incremental`, both in the store with their lineage and the
 // shim's figures, the container running on (same VMM pid, its counter
 // advancing), `cube snapshots ls/inspect/rm` (a parent's deletion refused),
-// and a rollback in place (rollbackRound: a worker exec killed after the
-// snapshot answers again with its old state and pid, an exec started after it
-// ends with 137, the sandbox holds the snapshot until it ends).
+// and three rounds of rollback in place, one to a snapshot other than the
+// VM's parent (rollbackRounds: a worker exec killed after the snapshot
+// answers again with its old state and pid, an exec started after it ends
+// with 137, the sandbox holds the snapshot until it ends).
 func TestCubeSnapshots(t *testing.T) {
 	d := startDaemons(t)
 	const id = "cube-snap"
@@ -163,7 +164,7 @@ func TestCubeSnapshots(t *testing.T) {
 	}
 
 	// Rollback in place, with a worker exec beside the long-lived init.
-	held = append(held, d.rollbackRound(t, id, tk.pid))
+	held = append(held, d.rollbackRounds(t, id, tk.pid)...)
 
 	// s1 goes now; the snapshot the sandbox rolled back to goes once the
 	// container is removed (emptyStore, at the end).
