@@ -2,6 +2,7 @@ package shim
 
 import (
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -92,7 +93,7 @@ func (d *daemons) rollbackRounds(t *testing.T, id string, vmmPid int) []string {
 
 	a, atA := d.heldSnapshot(t, id, "round-a")
 	// Round 1, with an exec the snapshot does not have.
-	d.killWorker(t, id, wk)
+	d.killWorker(t, id, wk, atA.PID)
 	late := d.ctrBG(t, "task", "exec", "--exec-id", "late", id, "sleep", "1000")
 	time.Sleep(time.Second)
 	out := d.rollbackTo(t, id, vmmPid, "round-a", atA)
@@ -112,20 +113,19 @@ func (d *daemons) rollbackRounds(t *testing.T, id string, vmmPid int) []string {
 		t.Errorf("rm of the snapshot the sandbox rolled back to: rc %d\n%s", rc, out)
 	}
 
-	// Round 2: the revived worker is an exec containerd reaches again
-	// (killWorker signals it through ctr).
+	// Round 2: the revived worker's exec was deleted by containerd (its ctr
+	// ended with 137): the guest's kill ends it.
 	b, atB := d.heldSnapshot(t, id, "round-b")
-	d.killWorker(t, id, nil)
+	d.killWorker(t, id, nil, atB.PID)
 	if m := rolledBackMemory(d.rollbackTo(t, id, vmmPid, "round-b", atB)); m != "rewrite-dirty" {
 		t.Errorf("round 2 (to the VM's parent): memory %q, want rewrite-dirty", m)
 	}
 
 	// Round 3: back to A, which is not the VM's parent.
-	d.killWorker(t, id, nil)
+	d.killWorker(t, id, nil, atB.PID)
 	if m := rolledBackMemory(d.rollbackTo(t, id, vmmPid, "round-a", atA)); m != "rewrite-diff" && m != "rewrite-all" {
 		t.Errorf("round 3 (to a snapshot other than the VM's parent): memory %q, want rewrite-diff or rewrite-all", m)
 	}
-	d.killWorker(t, id, nil)
 	return []string{a, b}
 }
 
@@ -145,13 +145,19 @@ func (d *daemons) heldSnapshot(t *testing.T, id, name string) (string, workerSta
 	return snap.ID, at
 }
 
-// killWorker SIGKILLs the worker exec through ctr and waits until it no
-// longer answers; wk, when not nil, is the ctr that started it, whose exit
-// status must be 137.
-func (d *daemons) killWorker(t *testing.T, id string, wk *bg) {
+// killWorker SIGKILLs the worker and waits until it no longer answers.
+// With wk (the ctr that started it) the kill goes through ctr and wk's exit
+// status must be 137; without, the worker is one a rollback revived after
+// containerd deleted its exec (rollback reports it "unknown": ctr cannot
+// reach it), and busybox kill in the guest ends it by pid.
+func (d *daemons) killWorker(t *testing.T, id string, wk *bg, pid int) {
 	t.Helper()
-	if out, rc, err := d.ctrQuiet(nil, "task", "kill", "-s", "SIGKILL", "--exec-id", "worker", id); err != nil || rc != 0 {
-		t.Fatalf("kill the worker: rc %d %v\n%s", rc, err, out)
+	args := []string{"task", "kill", "-s", "SIGKILL", "--exec-id", "worker", id}
+	if wk == nil {
+		args = []string{"task", "exec", "--exec-id", "kill-worker", id, "busybox", "kill", "-KILL", strconv.Itoa(pid)}
+	}
+	if out, rc, err := d.ctrQuiet(nil, args...); err != nil || rc != 0 {
+		t.Fatalf("kill the worker (ctr %s): rc %d %v\n%s", strings.Join(args, " "), rc, err, out)
 	}
 	if wk != nil {
 		if rc, out := wk.wait(t, time.Minute); rc != 137 {
