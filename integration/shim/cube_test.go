@@ -27,14 +27,14 @@ func (d *daemons) storeRoot() string { return store.RootBeside(d.dir + "/snaproo
 // cube runs the cube CLI against d's containerd (its address, namespace and
 // state directory) and store, and returns its stdout and stderr together; a
 // non-zero exit is rc, not an error.
-func (d *daemons) cube(t *testing.T, args ...string) (string, int) {
+func (d *daemons) cube(t testing.TB, args ...string) (string, int) {
 	t.Helper()
 	out, errOut, rc := d.cubeRun(t, args...)
 	return out + errOut, rc
 }
 
 // cubeRun is cube with stdout and stderr apart.
-func (d *daemons) cubeRun(t *testing.T, args ...string) (string, string, int) {
+func (d *daemons) cubeRun(t testing.TB, args ...string) (string, string, int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -58,7 +58,7 @@ func (d *daemons) cubeRun(t *testing.T, args ...string) (string, string, int) {
 }
 
 // cubeJSON runs a cube command that prints a snapshot as JSON.
-func (d *daemons) cubeJSON(t *testing.T, args ...string) cli.Description {
+func (d *daemons) cubeJSON(t testing.TB, args ...string) cli.Description {
 	t.Helper()
 	out, _, rc := d.cubeRun(t, args...)
 	var desc cli.Description
@@ -72,7 +72,7 @@ func (d *daemons) cubeJSON(t *testing.T, args ...string) cli.Description {
 }
 
 // counterAbove waits until container id's counter (counterScript) passes n.
-func (d *daemons) counterAbove(t *testing.T, id string, n int) int {
+func (d *daemons) counterAbove(t testing.TB, id string, n int) int {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
