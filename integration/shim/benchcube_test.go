@@ -27,9 +27,23 @@ func BenchmarkCube(b *testing.B) {
 	for b.Loop() {
 		var out strings.Builder
 		src, coldPSS := d.benchColdRun(b, &out)
+		srcRemoved := false
+		b.Cleanup(func() {
+			if !srcRemoved {
+				d.remove(b, src)
+			}
+		})
 		d.benchRestore(b, &out, src)
 		d.benchRollback(b, &out, src)
 		d.benchFork(b, &out, src, coldPSS)
+		// Ordering: the source holds the snapshot it rolled back to until it is gone.
+		d.remove(b, src)
+		srcRemoved = true
+		for _, ref := range []string{"bench-rb", "bench-fork"} {
+			if o, rc := d.cube(b, "snapshots", "rm", ref); rc != 0 {
+				b.Errorf("rm %s at the end: rc %d\n%s", ref, rc, o)
+			}
+		}
 		b.Log("\n" + out.String())
 		fmt.Print(out.String())
 	}
@@ -53,7 +67,6 @@ func (d *daemons) benchColdRun(b *testing.B, out *strings.Builder) (string, int6
 			b.Fatalf("ctr run -d %s: rc %d %v\n%s", id, rc, err, o)
 		}
 		times = append(times, time.Since(start))
-		b.Cleanup(func() { d.remove(b, id) })
 		tk := d.waitStatus(b, id, "RUNNING", time.Minute)
 		d.counterAbove(b, id, 0)
 		if i == 0 {
@@ -116,8 +129,7 @@ type rolledBackJSON struct {
 // benchRollbackRounds times: the CLI's wall, the shim's total and the
 // cube-vmm op's own figures, each round's median.
 func (d *daemons) benchRollback(b *testing.B, out *strings.Builder, src string) {
-	snap := d.cubeJSON(b, "snapshot", src, "--name", "bench-rb", "--json")
-	b.Cleanup(func() { d.cube(b, "snapshots", "rm", snap.ID) })
+	d.cubeJSON(b, "snapshot", src, "--name", "bench-rb", "--json")
 	var wall, shim, vmm, prep, frozen, reconn, recon []time.Duration
 	mem := map[string]int{}
 	for range benchRollbackRounds {
@@ -168,7 +180,6 @@ func (d *daemons) benchFork(b *testing.B, out *strings.Builder, src string, cold
 	fmt.Fprintf(out, "cold-booted sandbox (`ctr run -d`, settled): cube-vmm PSS %.1f MiB\n\n", float64(coldPSS)/1024)
 	fmt.Fprintf(out, "| N | op | wall | per clone | PSS per clone | PSS per clone vs cold |\n|---|---|---|---|---|---|\n")
 	snap := d.cubeJSON(b, "snapshot", src, "--name", "bench-fork", "--json")
-	b.Cleanup(func() { d.cube(b, "snapshots", "rm", snap.ID) })
 	for _, n := range []int{1, 4, 8} {
 		forkRow, ok := d.benchForkN(b, src, n, coldPSS)
 		fmt.Fprint(out, forkRow)
