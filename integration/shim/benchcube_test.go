@@ -45,7 +45,6 @@ func BenchmarkCube(b *testing.B) {
 			}
 		}
 		b.Log("\n" + out.String())
-		fmt.Print(out.String())
 	}
 }
 
