@@ -54,7 +54,15 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "FAIL: prepare guest artifacts: %v\n", err)
 		os.Exit(1)
 	}
+	// The benchmarks' knobs reach the test binary inside the test host.
+	var envs []string
+	for _, k := range []string{"BOOT_RUNS", "NET_BENCH_MIB", "NET_BENCH_REPS", "NET_BENCH_RTTS", "NET_BENCH_PEERS"} {
+		if v, ok := os.LookupEnv(k); ok {
+			envs = append(envs, k+"="+v)
+		}
+	}
 	code := testhost.RunMain(m, testhost.Options{
+		Env:     envs,
 		Timeout: 15 * time.Minute,
 		Tools:   []string{"qemu-system-x86_64", "socat", "runc"}, // runc: the net benchmark's native baseline
 		Modules: []string{"tun", "veth"},                         // taps for TestGuestNet and the net benchmark; its veth

@@ -16,6 +16,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/cube-runtime/cube/integration/netbench"
 )
@@ -146,40 +147,42 @@ func vethInto(b *testing.B, pid int) error {
 	})
 	host, err := netlink.LinkByName(vethHost)
 	if err != nil {
-		return err
+		return fmt.Errorf("veth %s: %w", vethHost, err)
 	}
 	if err := netlink.AddrAdd(host, mustAddr("10.0.5.1/24")); err != nil {
 		return fmt.Errorf("veth %s address: %w", vethHost, err)
 	}
 	if err := netlink.LinkSetUp(host); err != nil {
-		return err
+		return fmt.Errorf("veth %s up: %w", vethHost, err)
 	}
 	peer, err := netlink.LinkByName(vethContainer)
 	if err != nil {
-		return err
+		return fmt.Errorf("veth %s: %w", vethContainer, err)
 	}
 	if err := netlink.LinkSetNsPid(peer, pid); err != nil {
 		return fmt.Errorf("veth %s into the container's netns: %w", vethContainer, err)
 	}
 	ns, err := netns.GetFromPid(pid)
 	if err != nil {
-		return err
+		return fmt.Errorf("network namespace of the container's pid %d: %w", pid, err)
 	}
 	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
+	// Route netlink only: the test host's kernel has no xfrm_user (NETLINK_XFRM), which a handle of every
+	// family would open.
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	if err != nil {
-		return err
+		return fmt.Errorf("netlink in the container's network namespace: %w", err)
 	}
 	defer h.Close()
 	inside, err := h.LinkByName(vethContainer)
 	if err != nil {
-		return err
+		return fmt.Errorf("veth %s in the container: %w", vethContainer, err)
 	}
 	if err := h.AddrAdd(inside, mustAddr("10.0.5.2/24")); err != nil {
-		return err
+		return fmt.Errorf("veth %s address in the container: %w", vethContainer, err)
 	}
 	if err := h.LinkSetUp(inside); err != nil {
-		return err
+		return fmt.Errorf("veth %s up in the container: %w", vethContainer, err)
 	}
 	if lo, err := h.LinkByName("lo"); err == nil {
 		h.LinkSetUp(lo)
