@@ -235,13 +235,13 @@ func printNetTable(peers []netPeer, figs map[string]netFigures, size int64, rtts
 	c, ok := figs["cube-vmm"]
 	if ok {
 		fmt.Printf("\nratios (throughput: >1 cube-vmm faster; rtt: <1 cube-vmm faster)\n")
-		fmt.Printf("%-18s %12s %12s %10s %10s\n", "", "host→server", "server→host", "rtt p50", "rtt p99")
+		fmt.Printf("%-22s %12s %12s %10s %10s\n", "", "host→server", "server→host", "rtt p50", "rtt p99")
 		for _, other := range []string{"qemu", "runc-veth"} {
 			o, ok := figs[other]
 			if !ok {
 				continue
 			}
-			fmt.Printf("%-18s %11.2fx %11.2fx %9.2fx %9.2fx\n", "cube-vmm / "+other,
+			fmt.Printf("%-22s %11.2fx %11.2fx %9.2fx %9.2fx\n", "cube-vmm / "+other,
 				med(c.in)/med(o.in), med(c.out)/med(o.out),
 				float64(pct(c.rtt, 0.5))/float64(pct(o.rtt, 0.5)), float64(pct(c.rtt, 0.99))/float64(pct(o.rtt, 0.99)))
 		}

@@ -43,7 +43,7 @@ ip addr add "$ip" dev eth0
 echo "NET_FEATURES=$(cat /sys/class/net/eth0/device/features)"
 /bin/netbench
 echo "NETBENCH_EXIT=$?"
-echo "RX_ERRORS=$(cat /sys/class/net/eth0/statistics/rx_errors) RX_DROPPED=$(cat /sys/class/net/eth0/statistics/rx_dropped)"
+echo "NET_STATS=rx_errors $(cat /sys/class/net/eth0/statistics/rx_errors) rx_dropped $(cat /sys/class/net/eth0/statistics/rx_dropped) tx_errors $(cat /sys/class/net/eth0/statistics/tx_errors)"
 poweroff -f
 `
 
@@ -120,7 +120,7 @@ func netbenchVM(b *testing.B, argv []string, guestIP string, reset int) (*netSer
 			return nil
 		},
 		info: func() string {
-			return fmt.Sprintf("%s guest: virtio-net features %s; %s", name, r.Result("NET_FEATURES"), r.Result("RX_ERRORS"))
+			return fmt.Sprintf("%s guest: virtio-net features %s; eth0 %s", name, r.Result("NET_FEATURES"), r.Result("NET_STATS"))
 		},
 		kill: func() { r.Kill(); r.WaitErr(10 * time.Second) },
 	}, nil
