@@ -94,7 +94,7 @@ func (r *runner) templatesLs(dir string) int {
 				s.MemoryMiB, s.VCPUs, s.DiskSlots, filepath.Base(s.Kernel), filepath.Base(s.Initrd),
 				short(t.Meta.Digests["initrd"]), filepath.Base(s.VMM))
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", t.Key, humanBytes(t.Bytes), created, what)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", t.Key, bytesHuman(t.Bytes), created, what)
 	}
 	w.Flush()
 	return ExitOK
@@ -105,16 +105,4 @@ func short(digest string) string {
 		return "sha256:" + digest[:12]
 	}
 	return strings.TrimSpace(digest)
-}
-
-func humanBytes(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1fGiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1fMiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1fKiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%dB", n)
 }

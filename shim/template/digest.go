@@ -3,8 +3,10 @@ package template
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -52,7 +54,9 @@ func fileDigest(cacheDir, path string) (string, error) {
 	d := hex.EncodeToString(h.Sum(nil))
 	// Ordering: the stamp is the one taken before reading; a file changed
 	// while being read gets a new ctime and is hashed again next time.
-	if err := os.MkdirAll(cacheDir, 0o700); err == nil {
+	// The cache lives in the template root, which Key does not create (a
+	// shim whose config names missing files must not leave a root behind).
+	if err := os.Mkdir(cacheDir, 0o700); err == nil || errors.Is(err, fs.ErrExist) {
 		tmp := fmt.Sprintf("%s.%d", entry, os.Getpid())
 		if os.WriteFile(tmp, []byte(stamp+" digest="+d+"\n"), 0o600) == nil {
 			_ = os.Rename(tmp, entry)
