@@ -155,6 +155,7 @@ Commands:
   snapshots rm ID|NAME...  delete snapshots
   network policy CONTAINER [--no-internet] [--allow-out CIDR] [--deny-out CIDR] [--reset]
                            show or replace the egress policy of CONTAINER's sandbox
+  templates ls|rm [KEY...]  list or remove the shim's automatic templates
   internal oci-hook PHASE  the OCI hook that gives a sandbox Cube's default network
                            (run by runtimes, not people; see 'cube help internal')
   help [COMMAND]           a command's help
@@ -192,12 +193,14 @@ func Run(ctx context.Context, args []string, env Env) int {
 		return r.fork(ctx, rest)
 	case "network":
 		return r.network(ctx, rest)
+	case "templates":
+		return r.templates(ctx, rest)
 	case "internal":
 		return r.internal(ctx, rest)
 	case "help":
 		return r.help(rest)
 	}
-	return r.usageError("cube", fmt.Sprintf("unknown command %q (commands: snapshot, rollback, restore, fork, snapshots, network, help)", cmd))
+	return r.usageError("cube", fmt.Sprintf("unknown command %q (commands: snapshot, rollback, restore, fork, snapshots, network, templates, help)", cmd))
 }
 
 // runner runs one cube command.
@@ -277,6 +280,8 @@ func (r *runner) help(args []string) int {
 		fmt.Fprint(r.env.Stdout, rmHelp)
 	case "network", "network policy":
 		fmt.Fprint(r.env.Stdout, policyHelp)
+	case "templates", "templates ls", "templates rm":
+		fmt.Fprint(r.env.Stdout, templatesHelp)
 	case "internal", "internal oci-hook":
 		fmt.Fprint(r.env.Stdout, hookHelp)
 	default:

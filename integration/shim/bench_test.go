@@ -3,7 +3,6 @@ package shim
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -14,15 +13,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cube-runtime/cube/hypervisor/control"
 	"github.com/cube-runtime/cube/integration/benchloss"
 	"github.com/cube-runtime/cube/shim/config"
-	"github.com/cube-runtime/cube/shim/sandbox"
 )
 
 // BenchmarkCtrRunTrue: `ctr run --rm … true` through containerd 2.4.2 in the
-// test host, with io.cube.v1 cold-booting a VM, io.cube.v1 restoring a
-// template snapshot, and io.containerd.runc.v2 on overlayfs. Run with
+// test host, with io.cube.v1 cold-booting a VM (templates = false),
+// io.cube.v1 with the default configuration (restored from the automatic
+// template of its shape), and io.containerd.runc.v2 on overlayfs. Run with
 // -benchtime 10x (or more): each variant logs its median and the end prints
 // a table of medians and ratios. A run whose sandbox VM was lost (its VMM
 // exited 10 or was killed, or the agent never answered) is taken again,
@@ -60,7 +58,7 @@ func BenchmarkCtrRunTrue(b *testing.B) {
 		}
 		loss.Check(b)
 	}
-	b.Run("cube-cold", func(b *testing.B) { run(b, benchloss.New(b), "cube-cold", cubeRuntime.args...) })
+	b.Run("cube-cold", func(b *testing.B) { run(b, benchloss.New(b), "cube-cold", d.coldRuntime(b)...) })
 	b.Run("cube-template", func(b *testing.B) {
 		loss := benchloss.New(b)
 		run(b, loss, "cube-template", d.templateRuntime(b, loss)...)
@@ -114,80 +112,40 @@ func median(ds []time.Duration) time.Duration {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-// templateRuntime returns the ctr run flags for io.cube.v1 restoring a
-// template made for this benchmark, after one probe run; it skips the
-// benchmark where cube-vmm cannot attach the rootfs to a restored VM. A
-// template VM or probe sandbox that is lost is made again (loss).
+// coldRuntime returns the ctr run flags for io.cube.v1 with templates off
+// (`templates = false`): every sandbox cold-boots.
+func (d *daemons) coldRuntime(tb testing.TB) []string {
+	conf := filepath.Join(d.dir, "shim-cold.toml")
+	body := fmt.Sprintf(shimConfig, cubeVMM, guestKernel, guestInitrd, d.dir) + "templates = false\n"
+	if err := os.WriteFile(conf, []byte(body), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	return append([]string{"--runtime-config-path", conf}, cubeRuntime.args...)
+}
+
+// templateRuntime returns the ctr run flags for io.cube.v1 with the default
+// configuration (automatic templates), after one untimed probe run that
+// makes the template if no earlier run did (docs/shim.md, "Templates"). A
+// probe sandbox that is lost is run again (loss).
 func (d *daemons) templateRuntime(b *testing.B, loss *benchloss.Counter) []string {
-	var args []string
-	loss.Stop(b, loss.Sample("template and probe run", func() error {
-		conf, err := d.templateConfig(b)
-		if err != nil {
-			return benchloss.Sandbox(err.Error(), err)
-		}
-		args = append([]string{"--runtime-config-path", conf}, cubeRuntime.args...)
+	args := cubeRuntime.args
+	loss.Stop(b, loss.Sample("template probe run", func() error {
 		cargs := append(append([]string{"run", "--rm"}, args...), imageRef, "probe", "true")
 		from := d.logSize()
+		start := time.Now()
 		out, rc, err := d.ctrQuiet(nil, cargs...)
-		if err == nil && rc != 0 && strings.Contains(out, "disk-set") {
-			b.Skipf("template restore needs cube-vmm's disk-set control op, which this cube-vmm lacks:\n%s", out)
-		}
 		if err != nil || rc != 0 {
 			d.forget("probe")
 			return d.ctrFailure(cargs, out, rc, err, from)
 		}
+		log := d.logFrom(from)
+		if !strings.Contains(log, logRestoring) {
+			b.Fatalf("probe run was not restored from a template; shim log:\n%s", grepLines(log, "template"))
+		}
+		b.Logf("probe run (template made: %v) took %v", strings.Contains(log, logTemplateMade), time.Since(start))
 		return nil
 	}))
 	return args
-}
-
-// templateConfig makes a template snapshot as docs/shim.md describes it (a
-// VM cold-booted with the shim's machine shape and stub drives in every
-// slot, snapshotted once its agent answers) and returns a shim config that
-// restores sandboxes from it.
-func (d *daemons) templateConfig(tb testing.TB) (string, error) {
-	body := fmt.Sprintf(shimConfig, cubeVMM, guestKernel, guestInitrd, d.dir)
-	cfg, err := config.Parse([]byte(body))
-	if err != nil {
-		return "", fmt.Errorf("shim config: %w", err)
-	}
-	vmDir := filepath.Join(d.dir, "tmplvm")
-	tmpl := filepath.Join(d.dir, "template")
-	conf := filepath.Join(d.dir, "shim-template.toml")
-	os.RemoveAll(vmDir) // an earlier attempt's, whose VM was lost
-	os.RemoveAll(tmpl)
-	sb, err := sandbox.New(sandbox.Options{
-		ID: "template", Dir: vmDir, Kernel: cfg.Kernel, Initrd: cfg.Initrd, Cmdline: cfg.Cmdline,
-		MemoryMiB: cfg.MemoryMiB, VCPUs: cfg.VCPUs, DiskSlots: int(cfg.DiskSlots), BootTimeout: 5 * time.Minute,
-		VMM: &sandbox.ProcessVMM{Binary: cfg.VMM}, Dial: sandbox.DialAgent,
-	})
-	if err != nil {
-		return "", err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	start := time.Now()
-	if err := sb.Start(ctx, "", ""); err != nil {
-		return "", fmt.Errorf("boot the template VM: %w", err)
-	}
-	defer sb.Stop(ctx)
-	booted := time.Since(start)
-	// The snapshot should not carry a live agent connection into every restored VM.
-	sb.Agent().Close()
-	c, err := control.Dial(context.Background(), filepath.Join(vmDir, "control.sock"))
-	if err != nil {
-		return "", fmt.Errorf("template VM control socket: %w", err)
-	}
-	defer c.Close()
-	start = time.Now()
-	if _, err := c.Snapshot(context.Background(), tmpl, false); err != nil {
-		return "", fmt.Errorf("snapshot the template VM: %w", err)
-	}
-	tb.Logf("template: booted in %v, snapshotted in %v", booted, time.Since(start))
-	if err := os.WriteFile(conf, []byte(body+fmt.Sprintf("template = %q\n", tmpl)), 0o644); err != nil {
-		return "", err
-	}
-	return conf, nil
 }
 
 // BenchmarkCtrDensity starts idle io.cube.v1 sandboxes (`ctr run -d … sleep`),
@@ -197,7 +155,7 @@ func (d *daemons) templateConfig(tb testing.TB) (string, error) {
 // guest's own memory. Run with -benchtime 1x: the fill is the measurement.
 func BenchmarkCtrDensity(b *testing.B) {
 	d := startDaemons(b)
-	b.Run("cold", func(b *testing.B) { d.density(b, benchloss.New(b), "cold", cubeRuntime.args) })
+	b.Run("cold", func(b *testing.B) { d.density(b, benchloss.New(b), "cold", d.coldRuntime(b)) })
 	b.Run("template", func(b *testing.B) {
 		loss := benchloss.New(b)
 		d.density(b, loss, "template", d.templateRuntime(b, loss))

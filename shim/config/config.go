@@ -31,6 +31,12 @@ const (
 	// DefaultAgentTimeout bounds one agent call (all but waiting for a process): generous, since an
 	// emulated test host is slow, and short of the minutes a stalled guest would otherwise hang a request.
 	DefaultAgentTimeout = "2m"
+	// DefaultTemplateDir holds the automatic templates: persistent, so a reboot does not cost a rebuild
+	// (a new kernel, initrd or cube-vmm changes the key and makes a new one).
+	DefaultTemplateDir = "/var/lib/cube/templates"
+	// DefaultTemplateWait is how long a sandbox waits for another shim's template build before it
+	// cold-boots: longer than a build takes on a slow (emulated) host.
+	DefaultTemplateWait = "60s"
 	// MaxMemoryMiB and MaxVCPUs bound user input; beyond them a typo is likelier than intent.
 	MaxMemoryMiB = 1 << 20
 	MaxVCPUs     = 255
@@ -71,6 +77,17 @@ type Config struct {
 	// cube-vmm gets --restore, all drive slots start as stubs, and the shim
 	// steps the guest clock and reseeds its RNG before the first container.
 	Template string `toml:"template"`
+	// Templates: when true (the default) and no Template is named, each sandbox is restored from an
+	// automatic template of its shape (kernel, initrd, cube-vmm, cmdline, memory, vCPUs, disk slots),
+	// made on first use under TemplateDir (boot once, wait for the agent, snapshot) and reused after.
+	// Sandboxes a template cannot serve (a network, a restore) cold-boot and the shim logs why; so do
+	// all when this is false, or when a template cannot be made.
+	Templates bool `toml:"templates"`
+	// TemplateDir holds the automatic templates, one directory per key (`cube templates ls|rm`).
+	TemplateDir string `toml:"template_dir"`
+	// TemplateWait bounds how long a sandbox waits for a template another shim is making (Go
+	// duration); past it the sandbox cold-boots.
+	TemplateWait string `toml:"template_wait"`
 }
 
 // Default returns a Config holding every default.
@@ -86,6 +103,9 @@ func Default() Config {
 		StateDir:     DefaultStateDir,
 		BootTimeout:  DefaultBootTimeout,
 		AgentTimeout: DefaultAgentTimeout,
+		Templates:    true,
+		TemplateDir:  DefaultTemplateDir,
+		TemplateWait: DefaultTemplateWait,
 	}
 }
 
@@ -149,6 +169,9 @@ func (c Config) Validate() error {
 	if !filepath.IsAbs(c.StateDir) {
 		return fmt.Errorf("shim config: state_dir %q is not absolute", c.StateDir)
 	}
+	if !filepath.IsAbs(c.TemplateDir) {
+		return fmt.Errorf("shim config: template_dir %q is not absolute", c.TemplateDir)
+	}
 	if _, err := c.Durations(); err != nil {
 		return err
 	}
@@ -159,6 +182,8 @@ func (c Config) Validate() error {
 type Timeouts struct {
 	Boot  time.Duration
 	Agent time.Duration
+	// TemplateWait: see Config.TemplateWait.
+	TemplateWait time.Duration
 }
 
 // Durations parses the duration fields.
@@ -171,7 +196,11 @@ func (c Config) Durations() (Timeouts, error) {
 	if err != nil {
 		return Timeouts{}, err
 	}
-	return Timeouts{Boot: b, Agent: a}, nil
+	w, err := parseDuration("template_wait", c.TemplateWait)
+	if err != nil {
+		return Timeouts{}, err
+	}
+	return Timeouts{Boot: b, Agent: a, TemplateWait: w}, nil
 }
 
 func parseDuration(key, s string) (time.Duration, error) {

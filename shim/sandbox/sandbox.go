@@ -71,7 +71,14 @@ type Options struct {
 	MemoryMiB uint32
 	VCPUs     uint32
 	DiskSlots int
-	Template  string
+	// Template, when set, is the snapshot the VM is restored from (the
+	// shim config's `template`); else TemplateFor may name one at Start.
+	Template string
+	// TemplateFor, when set, returns the automatic template of this
+	// sandbox's shape (shim/template: made on first use). Start calls it
+	// for a sandbox a template can serve (no Template, not a restore, no
+	// Network); an error is logged and the VM cold-boots.
+	TemplateFor func(ctx context.Context) (string, error)
 	// BootTimeout bounds Start until the agent answers Health.
 	BootTimeout time.Duration
 	VMM         VMM
@@ -212,6 +219,9 @@ func (s *Sandbox) Start(ctx context.Context, firstImage, firstOwner string) (ret
 	}
 	s.state = StateBooting
 	s.mu.Unlock()
+	// Ordering: before the boot timeout starts: waiting for or making a
+	// template has its own bounds (template_wait, the build's timeout).
+	s.chooseTemplate(ctx)
 	ctx, cancel := context.WithTimeout(ctx, s.o.BootTimeout)
 	defer cancel()
 

@@ -161,7 +161,7 @@ func ProcessSandboxFactory(ns string, log *logrus.Entry) SandboxFactory {
 			ID: id, Dir: SandboxDir(cfg.StateDir, ns, id),
 			Kernel: cfg.Kernel, Initrd: cfg.Initrd, Cmdline: cfg.Cmdline,
 			MemoryMiB: cfg.MemoryMiB, VCPUs: cfg.VCPUs, DiskSlots: int(cfg.DiskSlots),
-			Template: cfg.Template, BootTimeout: to.Boot,
+			Template: cfg.Template, TemplateFor: templateFor(cfg, to, log.WithField("sandbox", id)), BootTimeout: to.Boot,
 			VMM: vmm, Dial: sandbox.DialAgentTimeout(to.Agent), Cgroup: cg, Log: log.WithField("sandbox", id),
 			Network: network,
 		})

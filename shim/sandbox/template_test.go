@@ -1,0 +1,66 @@
+package sandbox_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cube-runtime/cube/shim/sandbox"
+	"github.com/cube-runtime/cube/shim/sandbox/sandboxtest"
+)
+
+// TestChooseTemplate: Start restores from TemplateFor's template when one
+// can serve the sandbox (rootfs then attached with disk-set, the guest's
+// clock and RNG refreshed), and cold-boots without asking for one when the
+// sandbox has a network or the config names a template, or when
+// TemplateFor fails.
+func TestChooseTemplate(t *testing.T) {
+	cases := []struct {
+		name     string
+		network  bool
+		explicit string
+		err      error
+		asked    bool
+		want     string
+	}{
+		{name: "template", asked: true, want: "/tmpl/abc/vm"},
+		{name: "no template: cold boot", err: errors.New("build failed"), asked: true, want: ""},
+		{name: "network: cold boot", network: true, asked: false, want: ""},
+		{name: "explicit template wins", explicit: "/mine", asked: false, want: "/mine"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			agent := sandboxtest.NewAgent()
+			vmm := sandboxtest.NewVMM(agent)
+			asked := false
+			o := sandbox.Options{ID: "sb1", Dir: filepath.Join(t.TempDir(), "sb"), DiskSlots: 2, Template: c.explicit,
+				VMM: vmm, Dial: sandboxtest.Dialer(agent), BootTimeout: time.Second,
+				TemplateFor: func(context.Context) (string, error) { asked = true; return "/tmpl/abc/vm", c.err }}
+			if c.network {
+				o.Network = &fakeNetwork{}
+			}
+			sb, err := sandbox.New(o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := sb.Start(context.Background(), "/img/c1.ext4", "c1"); err != nil {
+				t.Fatal(err)
+			}
+			defer sb.Stop(context.Background())
+			if asked != c.asked || vmm.Config.Template != c.want {
+				t.Fatalf("TemplateFor asked %v (want %v), VM template %q (want %q)", asked, c.asked, vmm.Config.Template, c.want)
+			}
+			restored := c.want != ""
+			if got := agent.CallCount("ReseedRandom") == 1; got != restored {
+				t.Errorf("guest RNG reseeded: %v, want %v", got, restored)
+			}
+			// A restored VM has stubs in every slot (the rootfs comes by
+			// disk-set); a cold-booted one boots with the rootfs in slot 0.
+			if slot0 := vmm.Config.Disks[0].Path; (slot0 == "/img/c1.ext4") == restored {
+				t.Errorf("slot 0 boots with %s (restored %v)", slot0, restored)
+			}
+		})
+	}
+}
