@@ -1,11 +1,14 @@
 package sandbox
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
+	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 )
 
@@ -52,5 +55,22 @@ func TestShareBindAndRelease(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(src, f)); err != nil {
 			t.Errorf("host file after release: %v", err)
 		}
+	}
+}
+
+// A snapshot of a sandbox with host directories shared is refused naming
+// them (the guest's FUSE session cannot be saved yet); without, it is not.
+func TestSnapshotRefusedWhileShared(t *testing.T) {
+	s := &Sandbox{o: Options{ID: "sb1"}}
+	if err := s.refuseShared(); err != nil {
+		t.Fatal(err)
+	}
+	s.shared = []SharedDir{{Guest: "/run/cube/shared/v1", Host: "/srv/data", Ref: "host directory /srv/data at /data"}}
+	_, err := s.Snapshot(context.Background(), SnapshotOptions{Dir: "/tmp/x"})
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "host directory /srv/data at /data") {
+		t.Fatalf("snapshot while shared: %v, want FailedPrecondition naming the volume", err)
+	}
+	if err := s.UnshareHostDir("/etc/passwd"); err == nil {
+		t.Error("unshare of a path outside the share accepted")
 	}
 }
