@@ -381,6 +381,9 @@ func (s *Service) PrepareVolume(ctx context.Context, req *protocol.PrepareVolume
 		return nil, toStatus(err, "prepare volume: make %s", req.GetPath())
 	}
 	defer unix.Close(fd)
+	if tag := req.GetVirtiofsTag(); tag != "" {
+		return &protocol.Empty{}, mountShare(fd, tag, req)
+	}
 	if req.GetTmpfs() {
 		mounted, err := isMountRoot(fd)
 		if err != nil {
@@ -402,6 +405,26 @@ func (s *Service) PrepareVolume(ctx context.Context, req *protocol.PrepareVolume
 		return nil, toStatus(err, "prepare volume %s", req.GetPath())
 	}
 	return &protocol.Empty{}, nil
+}
+
+// mountShare mounts the virtio-fs share tag at the directory fd (the
+// shim's host directories: hostPath, PVCs, ctr --mount), once.
+func mountShare(fd int, tag string, req *protocol.PrepareVolumeRequest) error {
+	if req.GetTmpfs() || len(tag) > 36 {
+		return errInvalid("prepare volume %s: a virtio-fs tag of 1..36 bytes and no tmpfs", req.GetPath())
+	}
+	mounted, err := isMountRoot(fd)
+	if err != nil {
+		return toStatus(err, "prepare volume %s", req.GetPath())
+	}
+	if mounted {
+		return nil
+	}
+	// Through the fd: the path was resolved without links once.
+	if err := unix.Mount(tag, fmt.Sprintf("/proc/self/fd/%d", fd), "virtiofs", unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+		return toStatus(err, "prepare volume: mount virtio-fs share %q at %s", tag, req.GetPath())
+	}
+	return nil
 }
 
 // isMountRoot reports whether the directory fd is the root of a mount.

@@ -282,3 +282,26 @@ func TestPrepareVolume(t *testing.T) {
 		t.Fatalf("a path outside the run root: %v, want InvalidArgument", err)
 	}
 }
+
+// A virtio-fs share request is refused with a tmpfs or an over-long tag;
+// a tag that names no device fails the mount with the tag in the error.
+func TestPrepareVolumeVirtiofsRefusals(t *testing.T) {
+	h, _, run := treeHarness(t)
+	ctx := context.Background()
+	p := filepath.Join(run, "shared")
+	for name, req := range map[string]*protocol.PrepareVolumeRequest{
+		"with tmpfs": {Path: p, VirtiofsTag: "cube-vol", Tmpfs: true},
+		"long tag":   {Path: p, VirtiofsTag: strings.Repeat("t", 37)},
+	} {
+		if _, err := h.client.PrepareVolume(ctx, req); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%s: %v, want InvalidArgument", name, err)
+		}
+	}
+	if os.Geteuid() != 0 {
+		return // mounting needs root; the refusals above do not
+	}
+	_, err := h.client.PrepareVolume(ctx, &protocol.PrepareVolumeRequest{Path: p, VirtiofsTag: "no-such-tag-here"})
+	if err == nil || !strings.Contains(err.Error(), "no-such-tag-here") {
+		t.Errorf("mount of an absent share: %v, want an error naming the tag", err)
+	}
+}

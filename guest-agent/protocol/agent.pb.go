@@ -3101,8 +3101,11 @@ type PrepareVolumeRequest struct {
 	// tmpfs_size_bytes: the tmpfs's size; 0 is the kernel's default (half of
 	// the guest's memory).
 	TmpfsSizeBytes uint64 `protobuf:"varint,4,opt,name=tmpfs_size_bytes,json=tmpfsSizeBytes,proto3" json:"tmpfs_size_bytes,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// virtiofs_tag: mount the virtio-fs share with this tag at path (unless
+	// a file system is already mounted there); tmpfs must be false.
+	VirtiofsTag   string `protobuf:"bytes,5,opt,name=virtiofs_tag,json=virtiofsTag,proto3" json:"virtiofs_tag,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PrepareVolumeRequest) Reset() {
@@ -3161,6 +3164,13 @@ func (x *PrepareVolumeRequest) GetTmpfsSizeBytes() uint64 {
 		return x.TmpfsSizeBytes
 	}
 	return 0
+}
+
+func (x *PrepareVolumeRequest) GetVirtiofsTag() string {
+	if x != nil {
+		return x.VirtiofsTag
+	}
+	return ""
 }
 
 // TreeEntry is one entry of a tree below SyncTreeRequest.dir.
@@ -3595,12 +3605,13 @@ const file_agent_proto_rawDesc = "" +
 	"\x18ConfigureNetworkResponse\x12\x1e\n" +
 	"\n" +
 	"interfaces\x18\x01 \x03(\tR\n" +
-	"interfaces\"~\n" +
+	"interfaces\"\xa1\x01\n" +
 	"\x14PrepareVolumeRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04mode\x18\x02 \x01(\rR\x04mode\x12\x14\n" +
 	"\x05tmpfs\x18\x03 \x01(\bR\x05tmpfs\x12(\n" +
-	"\x10tmpfs_size_bytes\x18\x04 \x01(\x04R\x0etmpfsSizeBytes\"\xde\x01\n" +
+	"\x10tmpfs_size_bytes\x18\x04 \x01(\x04R\x0etmpfsSizeBytes\x12!\n" +
+	"\fvirtiofs_tag\x18\x05 \x01(\tR\vvirtiofsTag\"\xde\x01\n" +
 	"\tTreeEntry\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x121\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x1d.cube.agent.v1.TreeEntry.KindR\x04kind\x12\x12\n" +

@@ -58,3 +58,29 @@ func TestDiskPath(t *testing.T) {
 		t.Errorf("-disk-path of a serial the snapshot lacks: %v, want a usage error", err)
 	}
 }
+
+// TestFSPath: -fs-path re-points a snapshot's share by tag; a malformed
+// value, a tag given twice or a tag the snapshot lacks are refused.
+func TestFSPath(t *testing.T) {
+	golden := snapshottest.Golden(t, snapshot.Version)
+	snap, err := snapshot.Open(filepath.Join(golden, snapshottest.Full))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bad fsPathFlags
+	for _, v := range []string{"tag", "=/x", "tag=rel", "tag=/a/../b"} {
+		if err := bad.Set(v); err == nil {
+			t.Errorf("-fs-path %q accepted", v)
+		}
+	}
+	var f fsPathFlags
+	if err := f.Set("cube-vol=/run/x/fs"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Set("cube-vol=/run/y/fs"); err == nil {
+		t.Error("a tag given twice is accepted")
+	}
+	if _, err := restoreConfig(snap, restoreFlags{fsPaths: f}); !errors.As(err, new(usageError)) {
+		t.Errorf("-fs-path of a tag the snapshot lacks: %v, want a usage error", err)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -51,6 +52,28 @@ type restoreFlags struct {
 	// diskPaths are working-copy paths by disk serial (-disk-path), over
 	// -disk-dir and the recorded paths.
 	diskPaths diskPathFlags
+	// fsPaths re-point the snapshot's virtio-fs shares by tag (-fs-path).
+	fsPaths fsPathFlags
+}
+
+// fsPathFlags is the repeatable -fs-path TAG=DIR.
+type fsPathFlags map[string]string
+
+func (d *fsPathFlags) String() string { return fmt.Sprint(map[string]string(*d)) }
+
+func (d *fsPathFlags) Set(v string) error {
+	tag, path, ok := strings.Cut(v, "=")
+	if !ok || tag == "" || !filepath.IsAbs(path) || filepath.Clean(path) != path {
+		return fmt.Errorf("-fs-path %q: want TAG=/absolute/clean/dir", v)
+	}
+	if *d == nil {
+		*d = fsPathFlags{}
+	}
+	if _, dup := (*d)[tag]; dup {
+		return fmt.Errorf("-fs-path: tag %q given twice", tag)
+	}
+	(*d)[tag] = path
+	return nil
 }
 
 // diskPathFlags is the repeatable -disk-path SERIAL=PATH.
@@ -207,6 +230,13 @@ func restoreConfig(snap *snapshot.Snapshot, f restoreFlags) (Config, error) {
 			*p = v
 		}
 	}
+	for tag, p := range f.fsPaths {
+		i := slices.IndexFunc(cfg.FS, func(sh Share) bool { return sh.Tag == tag })
+		if i < 0 {
+			return Config{}, usageError{fmt.Errorf("-fs-path: the snapshot has no virtio-fs share tagged %q", tag)}
+		}
+		cfg.FS[i].Path = p
+	}
 	if s := man.Shape; cfg.MemoryMiB != s.MemoryMiB || cfg.VCPUs != s.VCPUs || len(cfg.Disks) != len(s.Disks) {
 		return Config{}, fmt.Errorf("configuration has %d MiB, %d vCPUs, %d disks, manifest %d MiB, %d vCPUs, %d disks: %w",
 			cfg.MemoryMiB, cfg.VCPUs, len(cfg.Disks), s.MemoryMiB, s.VCPUs, len(s.Disks), snapshot.ErrCorrupt)
@@ -280,6 +310,7 @@ func runRestore(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.diskDir, "disk-dir", "", "put working copies of writable disks in this `dir` (default: their recorded paths)")
 	fs.Var(&f.diskPaths, "disk-path", "put the working copy of the writable disk with serial S at `S=PATH` (repeatable; replaces a file there)")
 	fs.StringVar(&f.kvm, "kvm", "", "KVM device `path`")
+	fs.Var(&f.fsPaths, "fs-path", "share the host directory `TAG=DIR` as the snapshot's virtio-fs share TAG (repeatable; default: the recorded path)")
 	fs.Var(&f.nets, "net", "virtio-net device `tap=NAME|fd=N` in place of the snapshot's (repeatable, one per device in order; a mac= must be the snapshot's)")
 	paused := fs.Bool("paused", false, "start with the vCPUs paused (resume through the control socket)")
 	standby := fs.Bool("standby", false, "start without a snapshot and restore the one a restore op on -control names (see above)")

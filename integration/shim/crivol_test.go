@@ -2,6 +2,7 @@ package shim
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -33,7 +34,9 @@ const criVolumeContainerConfig = `{
 // one directory in the VM, and the host's stays empty); the configMap is
 // read-only in the guest with the kubelet's layout; the host's atomic swap
 // of the configMap reaches the guest while the pod runs; a hostPath
-// directory is refused naming the mount and virtio-fs.
+// directory is shared through virtio-fs both ways (read-only refuses
+// writes), a host socket is refused naming it, and removing the pod leaves
+// the host directories' files in place.
 func TestCRIPodVolumes(t *testing.T) {
 	c := startCRI(t)
 	podDir := filepath.Join(c.dir, "kubelet", "pods", "0c9e7a52-5b1d-4f0e-9d3c-2a7b6e8f1d40")
@@ -123,18 +126,78 @@ func TestCRIPodVolumes(t *testing.T) {
 	}
 	execUntil("the configMap update in the guest", "echo $(cat /etc/cfg/greeting) $(cat /etc/cfg/added)", "hello-v2 a-new-key", time.Minute)
 
-	// hostPath: refused, naming the mount and why.
-	hostPath := filepath.Join(c.dir, "hostpath")
-	os.MkdirAll(hostPath, 0o755)
+	// hostPath (virtio-fs): writes from the guest reach the host, the host's
+	// reach the guest; a read-only one refuses writes.
+	hostPath, hostRO := filepath.Join(c.dir, "hostpath"), filepath.Join(c.dir, "hostpath-ro")
+	for _, d := range []string{hostPath, hostRO} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.WriteFile(filepath.Join(hostRO, "fixed"), []byte("from-the-host-ro\n"), 0o644)
+	hpConfig := strings.Replace(criVolumeContainerConfig, `"container_path": "/cache"`, `"container_path": "/hp"`, 1)
+	hpConfig = strings.Replace(hpConfig, `"container_path": "/etc/cfg"`, `"container_path": "/hpro"`, 1)
 	cj := filepath.Join(c.dir, "hp.json")
-	os.WriteFile(cj, fmt.Appendf(nil, strings.Replace(criVolumeContainerConfig, `"host_path": "%[5]s", "readonly": true`, `"host_path": "%[5]s"`, 1),
-		"hostpath", imageRef, "exec sleep 100000", cache, hostPath), 0o644)
+	os.WriteFile(cj, fmt.Appendf(nil, hpConfig, "hostpath", imageRef, "echo from-the-guest > /hp/g; exec sleep 100000", hostPath, hostRO), 0o644)
 	// CRI makes the task (where the shim sees the spec) at start.
+	out, err = c.crictl("create", pod, cj, podJSON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hp := strings.TrimSpace(out)
+	if _, err := c.crictl("start", hp); err != nil {
+		t.Fatal(err)
+	}
+	waitHostFile(t, filepath.Join(hostPath, "g"), "from-the-guest\n")
+	os.WriteFile(filepath.Join(hostPath, "h"), []byte("from-the-host\n"), 0o644)
+	reader = hp
+	execUntil("a host file in the hostPath", "cat /hp/h /hpro/fixed", "from-the-host\nfrom-the-host-ro", time.Minute)
+	if out, err := c.crictl("exec", "-s", hp, "sh", "-c", "echo x > /hpro/new"); err == nil {
+		t.Errorf("writing into the read-only hostPath succeeded: %q", out)
+	}
+	if _, err := os.Stat(filepath.Join(hostRO, "new")); err == nil {
+		t.Errorf("the read-only hostPath got a file from the guest")
+	}
+
+	// A volume the shim cannot serve: a host socket, refused naming it.
+	sock := filepath.Join(c.dir, "hp.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	cj = filepath.Join(c.dir, "sock.json")
+	os.WriteFile(cj, fmt.Appendf(nil, hpConfig, "socket", imageRef, "exec sleep 100000", sock, hostRO), 0o644)
 	out, err = c.crictl("create", pod, cj, podJSON)
 	if err == nil {
 		_, err = c.crictl("start", strings.TrimSpace(out))
 	}
-	if err == nil || !strings.Contains(err.Error(), hostPath) || !strings.Contains(err.Error(), "virtio-fs") {
-		t.Errorf("create + start with a hostPath directory: %v, want a refusal naming %s and virtio-fs", err, hostPath)
+	if err == nil || !strings.Contains(err.Error(), sock) || !strings.Contains(err.Error(), "socket") {
+		t.Errorf("create + start with a host socket: %v, want a refusal naming %s", err, sock)
 	}
+
+	// The pod's end unbinds the host directories before its state dir goes:
+	// the host's files stay.
+	c.crictl("stopp", pod)
+	if _, err := c.crictl("rmp", "-f", pod); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{filepath.Join(hostPath, "g"), filepath.Join(hostPath, "h"), filepath.Join(hostRO, "fixed")} {
+		if _, err := os.Stat(f); err != nil {
+			t.Errorf("after the pod: %v", err)
+		}
+	}
+}
+
+// waitHostFile waits (up to a minute) until the host file p holds want.
+func waitHostFile(t *testing.T, p, want string) {
+	t.Helper()
+	var got []byte
+	var err error
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(300 * time.Millisecond) {
+		if got, err = os.ReadFile(p); err == nil && string(got) == want {
+			return
+		}
+	}
+	t.Errorf("host file %s: %q %v, want %q", p, got, err, want)
 }

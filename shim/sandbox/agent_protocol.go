@@ -236,7 +236,7 @@ func (a *protocolAgent) SyncTree(ctx context.Context, dir string, t Tree) (TreeR
 
 func (a *protocolAgent) PrepareVolume(ctx context.Context, req VolumeRequest) error {
 	_, err := a.c.PrepareVolume(ctx, &protocol.PrepareVolumeRequest{Path: req.Path, Mode: req.Mode,
-		Tmpfs: req.Tmpfs, TmpfsSizeBytes: req.TmpfsSize})
+		Tmpfs: req.Tmpfs, TmpfsSizeBytes: req.TmpfsSize, VirtiofsTag: req.VirtiofsTag})
 	return err
 }
 

@@ -24,6 +24,10 @@ func Cleanup(r Record) error {
 		}
 	}
 	if r.Dir != "" {
+		// Ordering: host directories bound into the share first (see teardown).
+		if err := ReleaseShareDir(r.Dir); err != nil {
+			return fmt.Errorf("release the sandbox's virtio-fs share: %w", err)
+		}
 		if err := os.RemoveAll(r.Dir); err != nil {
 			return fmt.Errorf("remove sandbox dir: %w", err)
 		}

@@ -104,6 +104,9 @@ func Args(cfg VMConfig) []string {
 			nets[i] = NIC{Tap: n.Tap}
 		}
 		a = append(a, netArgs(nets)...)
+		for _, sh := range cfg.Shares {
+			a = append(a, "-fs-path", sh.Tag+"="+sh.Path)
+		}
 		return append(a, cfg.Template)
 	}
 	a := []string{
@@ -121,6 +124,9 @@ func Args(cfg VMConfig) []string {
 			v += ",ro"
 		}
 		a = append(a, "-disk", v)
+	}
+	for _, sh := range cfg.Shares {
+		a = append(a, "-fs", "tag="+sh.Tag+",path="+sh.Path)
 	}
 	a = append(a, netArgs(cfg.Nets)...)
 	a = append(a,

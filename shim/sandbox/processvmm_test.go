@@ -216,9 +216,17 @@ func TestArgsParseWithTheRealVMM(t *testing.T) {
 	if rc := vmmcmd.Run(append(Args(netCfg), "-help"), strings.NewReader(""), io.Discard, &stderr); rc != 0 {
 		t.Fatalf("cube-vmm rejects the shim's -net flag (rc %d): %s", rc, stderr.String())
 	}
+	// The virtio-fs share host directories go through: -fs tag=…,path=….
+	shareCfg := cfg
+	shareCfg.Shares = []Share{{Tag: ShareTag, Path: t.TempDir()}}
+	stderr.Reset()
+	if rc := vmmcmd.Run(append(Args(shareCfg), "-help"), strings.NewReader(""), io.Discard, &stderr); rc != 0 {
+		t.Fatalf("cube-vmm rejects the shim's -fs flag (rc %d): %s", rc, stderr.String())
+	}
 	// Template restore: "cube-vmm restore" must accept every flag (a -help before the directory stops it).
 	cfg.Template = "/tpl"
 	cfg.DiskPaths = map[string]string{"cube-slot-0": "/img/rootfs.ext4"}
+	cfg.Shares = shareCfg.Shares // -fs-path
 	args := Args(cfg)
 	stderr.Reset()
 	restoreArgs := append(append([]string{}, args[:len(args)-1]...), "-help")

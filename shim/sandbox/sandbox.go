@@ -108,6 +108,9 @@ type Sandbox struct {
 	exit     VMExit
 	unexpect bool
 	restore  *RestoreFrom // StartRestore's checkpoint
+	share    bool         // the VM has the virtio-fs share (share.go)
+	shareSeq int          // names of share entries: v1, v2, …
+	shared   []SharedDir  // host directories in the share now
 }
 
 // RestoreFrom is a checkpoint StartRestore brings back instead of booting:
@@ -263,6 +266,17 @@ func (s *Sandbox) Start(ctx context.Context, firstImage, firstOwner string) (ret
 	if r := s.restore; r != nil {
 		cfg.DiskPaths = map[string]string{r.RootfsSerial: r.RootfsImage}
 	}
+	// Ordering: the share's directory exists before the VMM opens it.
+	share, err := s.prepareShare()
+	if err != nil {
+		return err
+	}
+	if share {
+		cfg.Shares = []Share{{Tag: ShareTag, Path: s.shareDir()}}
+	}
+	s.mu.Lock()
+	s.share = share
+	s.mu.Unlock()
 	// Ordering: the network is attached before the VMM starts (it inherits
 	// the taps) and configured in the guest before Start returns, so before
 	// the first container exists.
@@ -410,7 +424,11 @@ func (s *Sandbox) teardown(unexpected bool) {
 	// Ordering: the VMM is gone, so the taps are too; then the tc rules on
 	// the CNI interface that pointed at them.
 	s.detachNetwork()
-	if err := os.RemoveAll(s.o.Dir); err != nil {
+	// Ordering: the binds of host directories go before the state dir, or
+	// removing it would remove the host directories' contents.
+	if err := ReleaseShareDir(s.o.Dir); err != nil {
+		s.o.Log.WithError(err).Error("host directories still bound in the sandbox's virtio-fs share: state dir left in place")
+	} else if err := os.RemoveAll(s.o.Dir); err != nil {
 		s.o.Log.WithError(err).Warn("remove sandbox state dir")
 	}
 	if s.o.Cgroup != "" {

@@ -96,6 +96,9 @@ func (s *Sandbox) Snapshot(ctx context.Context, o SnapshotOptions) (SnapshotStat
 	if o.What == "" {
 		o.What = "snapshot into " + o.Dir
 	}
+	if err := s.refuseShared(); err != nil {
+		return SnapshotStats{}, err
+	}
 	end, err := s.beginOp(o.What)
 	if err != nil {
 		return SnapshotStats{}, err

@@ -47,4 +47,7 @@ type VolumeRequest struct {
 	Mode      uint32
 	Tmpfs     bool
 	TmpfsSize uint64
+	// VirtiofsTag: mount the virtio-fs share with this tag at Path (unless
+	// something is mounted there already).
+	VirtiofsTag string
 }

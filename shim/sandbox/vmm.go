@@ -46,7 +46,13 @@ type VMConfig struct {
 	// one (a restore; their MACs stay the snapshot's). A template without
 	// devices cannot gain any.
 	ReplaceNets bool
+	// Shares are virtio-fs shared directories (cube-vmm -fs); for a
+	// Template restore, the snapshot's shares re-pointed by tag (-fs-path).
+	Shares []Share
 }
+
+// Share is a virtio-fs shared directory.
+type Share struct{ Tag, Path string }
 
 // VMExit is how the VMM process ended.
 type VMExit struct {

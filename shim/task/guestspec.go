@@ -48,6 +48,7 @@ type specEnv struct {
 	// rootfs disk, where emptyDir volumes live ("" if unknown).
 	sandboxRoot string
 	agent       guestVolumes
+	shares      hostShares
 	volumes     *volume.Syncer
 	log         logrus.FieldLogger
 	// use collects what the container's mounts hold in the guest.
@@ -141,7 +142,7 @@ func guestNamespace(ns *specs.LinuxNamespace, env specEnv) error {
 // whose rootfs is mounted at guestRoot; use collects its volumes.
 func (s *Service) translateSpec(ctx context.Context, sb *sandbox.Sandbox, id, sandboxID, guestRoot string, raw []byte, use *volumeUse) ([]byte, error) {
 	env := specEnv{containerID: id, vmmPid: sb.Pid(), agent: sb.Agent(), guestNetwork: sb.HasNetwork(),
-		log: s.o.Log.WithField("container", id), use: use, sandboxRoot: guestRoot}
+		log: s.o.Log.WithField("container", id), use: use, sandboxRoot: guestRoot, shares: sb}
 	s.mu.Lock()
 	if c := s.containers[sandboxID]; c != nil && c.init != nil && sandboxID != id {
 		env.sandboxGuestPid = c.init.GuestPid()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/cube-runtime/cube/shim/sandbox/sandboxtest"
 	"github.com/cube-runtime/cube/shim/volume"
@@ -108,6 +109,10 @@ func TestGuestSpecRefusals(t *testing.T) {
 	dir := t.TempDir()
 	big := filepath.Join(dir, "big")
 	os.WriteFile(big, make([]byte, volume.MaxFile+1), 0o644)
+	fifo := filepath.Join(dir, "fifo")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	base := func(mounts []specs.Mount, nss []specs.LinuxNamespace) []byte {
 		b, _ := json.Marshal(map[string]any{"process": map[string]any{"args": []string{"x"}}, "mounts": mounts,
 			"linux": map[string]any{"namespaces": nss}})
@@ -119,12 +124,12 @@ func TestGuestSpecRefusals(t *testing.T) {
 		want error
 		msg  string
 	}{
-		"host directory volume": {base([]specs.Mount{{Destination: "/data", Type: "bind", Source: dir}}, nil), errdefs.ErrInvalidArgument, "cannot see host directories until virtio-fs"},
-		"missing source":        {base([]specs.Mount{{Destination: "/x", Options: []string{"rbind"}, Source: filepath.Join(dir, "nope")}}, nil), errdefs.ErrInvalidArgument, "no such file"},
-		"large file":            {base([]specs.Mount{{Destination: "/x", Type: "bind", Source: big}}, nil), errdefs.ErrInvalidArgument, "more than"},
-		"host ipc namespace":    {base(nil, []specs.LinuxNamespace{{Type: specs.IPCNamespace, Path: "/proc/1/ns/ipc"}}), errdefs.ErrInvalidArgument, "on the host"},
-		"no sandbox container":  {base(nil, []specs.LinuxNamespace{{Type: specs.IPCNamespace, Path: "/proc/4242/ns/ipc"}}), errdefs.ErrFailedPrecondition, "does not run"},
-		"bad json":              {[]byte(`{"mounts": 7}`), errdefs.ErrInvalidArgument, "mounts"},
+		"host fifo":            {base([]specs.Mount{{Destination: "/data", Type: "bind", Source: fifo}}, nil), errdefs.ErrInvalidArgument, "cannot use host devices, sockets or fifos"},
+		"missing source":       {base([]specs.Mount{{Destination: "/x", Options: []string{"rbind"}, Source: filepath.Join(dir, "nope")}}, nil), errdefs.ErrInvalidArgument, "no such file"},
+		"large file":           {base([]specs.Mount{{Destination: "/x", Type: "bind", Source: big}}, nil), errdefs.ErrInvalidArgument, "more than"},
+		"host ipc namespace":   {base(nil, []specs.LinuxNamespace{{Type: specs.IPCNamespace, Path: "/proc/1/ns/ipc"}}), errdefs.ErrInvalidArgument, "on the host"},
+		"no sandbox container": {base(nil, []specs.LinuxNamespace{{Type: specs.IPCNamespace, Path: "/proc/4242/ns/ipc"}}), errdefs.ErrFailedPrecondition, "does not run"},
+		"bad json":             {[]byte(`{"mounts": 7}`), errdefs.ErrInvalidArgument, "mounts"},
 	} {
 		_, err := guestSpec(context.Background(), tc.spec, env)
 		if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.msg) {

@@ -346,8 +346,16 @@ func (s *Service) closeVolumes() {
 // releaseVolumes stops syncing what only c mounted.
 func (s *Service) releaseVolumes(c *container, use volumeUse) {
 	s.mu.Lock()
-	syncer := s.volumes
+	syncer, sb := s.volumes, s.sb
 	s.mu.Unlock()
+	for _, g := range use.shared {
+		if sb == nil {
+			break
+		}
+		if err := sb.UnshareHostDir(g); err != nil {
+			s.o.Log.WithError(err).WithField("guest", g).Warn("host directory left bound in the sandbox's virtio-fs share")
+		}
+	}
 	if syncer == nil {
 		return
 	}

@@ -31,11 +31,13 @@ import (
 //     the container's init exits (the kubelet reads it there);
 //   - any other host regular file (CRI's hosts, hostname, resolv.conf, the
 //     kubelet's etc-hosts) → a guest copy kept in sync, rewritten in place;
-//   - anything else (hostPath, a PVC, another volume plugin, a subPath
-//     directory) → refused, naming the mount: it needs a host directory
-//     shared with the VM (virtio-fs). InvalidArgument, not NotImplemented:
-//     containerd takes Unimplemented from the task API v3 Create for a
-//     missing service and retries with v2, losing the message.
+//   - any other host directory (hostPath, a PVC, another volume plugin,
+//     ctr --mount type=bind) → shared with the VM through the sandbox's
+//     virtio-fs share (sandbox.ShareHostDir), read-only on the host too;
+//   - a subPath directory, a device, socket or fifo → refused, naming the
+//     mount and why. InvalidArgument, not NotImplemented: containerd takes
+//     Unimplemented from the task API v3 Create for a missing service and
+//     retries with v2, losing the message.
 
 // guestFilesDir holds host files copied into the guest for bind mounts.
 const guestFilesDir = "/run/cube/files"
@@ -67,6 +69,14 @@ type volumeUse struct {
 	synced []string
 	// termLogs: guest files copied back to the host when the init exits.
 	termLogs []termLog
+	// shared: guest paths of host directories in the virtio-fs share.
+	shared []string
+}
+
+// hostShares shares host directories with the VM (sandbox.Sandbox).
+type hostShares interface {
+	ShareHostDir(ctx context.Context, src string, ro bool, ref string) (string, error)
+	UnshareHostDir(guest string) error
 }
 
 type termLog struct{ host, guest string }
@@ -123,15 +133,59 @@ func guestMount(ctx context.Context, m *specs.Mount, i int, env specEnv) error {
 		env.debug(m, dst, "host file copied into the VM")
 		m.Source = dst
 		return nil
-	case v.Kind != volume.Other:
-		return fmt.Errorf("%s at %s (host %s): Cube serves emptyDir, configMap, secret, projected and downwardAPI volumes; this one needs a host directory shared with the VM (virtio-fs), which is not supported yet: %w",
+	case fi.IsDir() && v.Kind == volume.Unsupported && v.Plugin == "subPath":
+		// The subPath's volume may live in the VM (emptyDir) or be a copy:
+		// the host directory is not what the guest has.
+		return fmt.Errorf("%s at %s (host %s): subPath directories are not served (the volume may live in the VM); mount the whole volume: %w",
 			v.Describe(), m.Destination, m.Source, errdefs.ErrInvalidArgument)
-	case fi.IsDir():
-		return fmt.Errorf("bind mount of host directory %s at %s (a hostPath volume, a PersistentVolume or ctr --mount): the VM cannot see host directories until virtio-fs support lands; Kubernetes emptyDir, configMap, secret, projected and downwardAPI volumes work: %w",
-			m.Source, m.Destination, errdefs.ErrInvalidArgument)
+	case fi.IsDir() && (v.Kind == volume.Unsupported || v.Kind == volume.Other):
+		return sharedDirMount(ctx, m, v, env)
+	case v.Kind != volume.Other:
+		return fmt.Errorf("%s at %s (host %s): its source is a host %s, not a directory: only directories are shared with the VM: %w",
+			v.Describe(), m.Destination, m.Source, kindOf(fi), errdefs.ErrInvalidArgument)
 	}
-	return fmt.Errorf("bind mount of host %s %s at %s: the VM cannot see host devices or special files: %w",
-		fi.Mode().Type(), m.Source, m.Destination, errdefs.ErrInvalidArgument)
+	return fmt.Errorf("bind mount of host %s %s at %s: the VM cannot use host devices, sockets or fifos (virtio-fs shares directories and regular files only): %w",
+		kindOf(fi), m.Source, m.Destination, errdefs.ErrInvalidArgument)
+}
+
+// kindOf names a file's type for an error.
+func kindOf(fi os.FileInfo) string {
+	switch t := fi.Mode().Type(); {
+	case t&os.ModeDevice != 0 && t&os.ModeCharDevice != 0:
+		return "character device"
+	case t&os.ModeDevice != 0:
+		return "block device"
+	case t&os.ModeSocket != 0:
+		return "socket"
+	case t&os.ModeNamedPipe != 0:
+		return "fifo"
+	case t.IsRegular():
+		return "regular file"
+	}
+	return "special file"
+}
+
+// sharedDirMount shares a host directory (hostPath, a PVC's mount, another
+// volume plugin's directory, ctr --mount type=bind) with the VM through the
+// sandbox's virtio-fs share, read-only on the host too when the mount is.
+func sharedDirMount(ctx context.Context, m *specs.Mount, v volume.Path, env specEnv) error {
+	ref := v.Describe()
+	if ref == "" {
+		ref = "host directory " + m.Source
+	}
+	ref += " at " + m.Destination
+	if env.shares == nil {
+		return fmt.Errorf("%s: no sandbox VM to share it with: %w", ref, errdefs.ErrFailedPrecondition)
+	}
+	ro := slices.Contains(m.Options, "ro")
+	dst, err := env.shares.ShareHostDir(ctx, m.Source, ro, ref)
+	if err != nil {
+		return err
+	}
+	env.use.shared = append(env.use.shared, dst)
+	env.debug(m, dst, "host directory shared with the VM (virtio-fs)")
+	m.Source = dst
+	return nil
 }
 
 func (env specEnv) debug(m *specs.Mount, dst, msg string) {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -245,29 +247,99 @@ func TestEmptyDirMemoryIsATmpfsOfItsSize(t *testing.T) {
 	}
 }
 
-// Volumes the shim cannot serve are refused naming the volume and why.
-func TestUnservableVolumesRefused(t *testing.T) {
+// fakeShares records ShareHostDir calls.
+type fakeShares struct {
+	calls []string
+	err   error
+}
+
+func (f *fakeShares) ShareHostDir(_ context.Context, src string, ro bool, ref string) (string, error) {
+	if f.err != nil {
+		return "", f.err
+	}
+	f.calls = append(f.calls, fmt.Sprintf("%s ro=%v %s", src, ro, ref))
+	return fmt.Sprintf("/run/cube/shared/v%d", len(f.calls)), nil
+}
+
+func (f *fakeShares) UnshareHostDir(string) error { return nil }
+
+// Host directories that are not the kubelet's in-VM or copied volumes go
+// through the sandbox's virtio-fs share, read-only when the mount is.
+func TestHostDirectoriesAreShared(t *testing.T) {
 	pod := newKubeletPod(t)
 	pvc := filepath.Join(pod.volume(t, "csi", "pvc-0a1b"), "mount")
 	if err := os.Mkdir(pvc, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	nfs := pod.volume(t, "nfs", "shared")
+	hostPath := t.TempDir()
+	for name, tc := range map[string]struct {
+		m    specs.Mount
+		want string
+	}{
+		"pvc":          {bindRW("/data", pvc), pvc + ` ro=false CSI (a PersistentVolume) volume "pvc-0a1b" at /data`},
+		"nfs ro":       {bindRO("/data", nfs), nfs + ` ro=true nfs volume "shared" at /data`},
+		"hostPath":     {bindRW("/data", hostPath), hostPath + " ro=false host directory " + hostPath + " at /data"},
+		"ctr rbind:ro": {specs.Mount{Destination: "/data", Type: "bind", Source: hostPath, Options: []string{"rbind", "ro"}}, hostPath + " ro=true host directory " + hostPath + " at /data"},
+	} {
+		env, _ := testEnv(t, "app")
+		sh := &fakeShares{}
+		env.shares = sh
+		spec, _ := json.Marshal(map[string]any{"mounts": []specs.Mount{tc.m}})
+		out, err := guestSpec(context.Background(), spec, env)
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		if len(sh.calls) != 1 || sh.calls[0] != tc.want {
+			t.Errorf("%s: ShareHostDir %q, want %q", name, sh.calls, tc.want)
+		}
+		if !strings.Contains(string(out), `"source":"/run/cube/shared/v1"`) || len(env.use.shared) != 1 {
+			t.Errorf("%s: guest spec %s, use %+v", name, out, env.use)
+		}
+		if tc.m.Options[len(tc.m.Options)-1] == "ro" && !strings.Contains(string(out), `"ro"`) {
+			t.Errorf("%s: the guest mount lost ro: %s", name, out)
+		}
+	}
+	// The sandbox's refusal (a VM restored without the share) passes through.
+	env, _ := testEnv(t, "app")
+	env.shares = &fakeShares{err: fmt.Errorf("no share: %w", errdefs.ErrFailedPrecondition)}
+	spec, _ := json.Marshal(map[string]any{"mounts": []specs.Mount{bindRW("/data", hostPath)}})
+	if _, err := guestSpec(context.Background(), spec, env); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("share refused: %v, want FailedPrecondition", err)
+	}
+}
+
+// Volumes the shim cannot serve are refused naming the volume and why.
+func TestUnservableVolumesRefused(t *testing.T) {
+	pod := newKubeletPod(t)
 	subpath := filepath.Join(pod.root, "pods", pod.uid, "volume-subpaths", "cfg", "app", "0")
 	if err := os.MkdirAll(subpath, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	hostPath := t.TempDir()
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "s.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
 	for name, tc := range map[string]struct {
 		src  string
 		want []string
 	}{
-		"pvc":      {pvc, []string{`CSI (a PersistentVolume) volume "pvc-0a1b"`, "virtio-fs"}},
-		"nfs":      {nfs, []string{`nfs volume "shared"`, "virtio-fs"}},
-		"subPath":  {subpath, []string{`subPath volume "cfg"`, "virtio-fs"}},
-		"hostPath": {hostPath, []string{"host directory " + hostPath, "hostPath", "virtio-fs"}},
+		"subPath":  {subpath, []string{`subPath volume "cfg"`, "not served"}},
+		"fifo":     {fifo, []string{"host fifo " + fifo, "virtio-fs shares directories"}},
+		"socket":   {sock, []string{"host socket " + sock}},
+		"char dev": {"/dev/null", []string{"host character device /dev/null"}},
 	} {
 		env, _ := testEnv(t, "app")
+		sh := &fakeShares{}
+		env.shares = sh
 		spec, _ := json.Marshal(map[string]any{"mounts": []specs.Mount{bindRW("/mnt", tc.src)}})
 		_, err := guestSpec(context.Background(), spec, env)
 		if !errors.Is(err, errdefs.ErrInvalidArgument) {
@@ -279,6 +351,9 @@ func TestUnservableVolumesRefused(t *testing.T) {
 				t.Errorf("%s: %q does not say %q", name, err, w)
 			}
 		}
+		if len(sh.calls) != 0 {
+			t.Errorf("%s: shared anyway: %v", name, sh.calls)
+		}
 	}
 	// A configMap whose host tree holds a link out of it is refused at Create.
 	cfg := pod.volume(t, "configmap", "evil")
@@ -287,7 +362,7 @@ func TestUnservableVolumesRefused(t *testing.T) {
 	}
 	env, _ := testEnv(t, "app")
 	spec, _ := json.Marshal(map[string]any{"mounts": []specs.Mount{bindRO("/etc/evil", cfg)}})
-	_, err := guestSpec(context.Background(), spec, env)
+	_, err = guestSpec(context.Background(), spec, env)
 	if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), `configMap volume "evil"`) || !strings.Contains(err.Error(), "leaves the volume") {
 		t.Fatalf("configMap with an escaping link: %v", err)
 	}

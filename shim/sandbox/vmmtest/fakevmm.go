@@ -45,6 +45,8 @@ func FakeVMMMain(args []string) int {
 	mem := fs.Uint("memory", 0, "")
 	fs.Uint("vcpus", 0, "")
 	fs.Var(&disks, "disk", "")
+	var shares diskFlags
+	fs.Var(&shares, "fs", "")
 	vs := fs.String("vsock", "", "")
 	fs.Uint("vsock-cid", 0, "")
 	ctl := fs.String("control", "", "")
@@ -69,6 +71,9 @@ func FakeVMMMain(args []string) int {
 		}
 	}
 	logf("disks=%s\n", disks.String())
+	if len(shares) > 0 {
+		logf("fs=%s\n", shares.String())
+	}
 	vl, err := net.Listen("unix", *vs)
 	if err != nil {
 		return 4
