@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -57,6 +58,8 @@ func buildArtifacts(ctx context.Context, cacheDir string, opts *Options, logf fu
 	if err != nil {
 		return nil, fmt.Errorf("test host modules (Options.Modules): %w", err)
 	}
+	// Stage 1 loaded the boot modules; insmod refuses a second load (virtio_net needs virtio_ring, say).
+	mods = slices.DeleteFunc(mods, func(m string) bool { return slices.Contains(bootMods, m) })
 	tools, err := resolveTools(opts.Tools)
 	if err != nil {
 		return nil, err

@@ -2,6 +2,7 @@
 background (a CommandHandle), output streamed to callbacks as it comes."""
 
 import json
+import socket
 import threading
 import urllib.parse
 
@@ -34,6 +35,7 @@ class CommandHandle:
         self._stdout, self._stderr = [], []
         self._result = None
         self._exc = None
+        self._disconnected = False
         self._thread = threading.Thread(target=self._read, name="cube-command-%d" % pid, daemon=True)
         self._thread.start()
 
@@ -64,11 +66,19 @@ class CommandHandle:
                     self._result = CommandResult(ev.get("exitCode", -1) if t == "exit" else -1,
                                                  self.stdout, self.stderr, ev.get("error"))
                     return
-            self._exc = SandboxException("command %d: the output stream ended before its exit" % self.pid)
-        except Exception as e:  # the stream broke or was disconnected
-            self._exc = SandboxException("command %d: the output stream broke: %s" % (self.pid, e))
+            raise SandboxException("command %d: the output stream ended before its exit" % self.pid)
+        except Exception as e:
+            if self._disconnected:
+                self._exc = SandboxException("command %d: disconnected (it runs on; list it with commands.list())" % self.pid)
+            elif isinstance(e, SandboxException):
+                self._exc = e
+            else:
+                self._exc = SandboxException("command %d: the output stream broke: %s" % (self.pid, e))
         finally:
-            self._resp.close()
+            try:
+                self._resp.close()
+            except Exception:
+                pass
 
     def wait(self, timeout=None):
         """Waits for the exit (at most timeout seconds: then the command is
@@ -88,7 +98,22 @@ class CommandHandle:
         return r
 
     def disconnect(self):
-        """Stops reading the output; the command runs on in the sandbox."""
+        """Stops reading the output; the command runs on in the sandbox.
+        Returns at once (the reading thread ends by itself)."""
+        self._disconnected = True
+        # Closing the response while the reading thread is blocked in it
+        # waits for the next line, which may never come: shut the socket
+        # down instead, and the blocked read returns.
+        sock = getattr(getattr(getattr(self._resp, "fp", None), "raw", None), "_sock", None)
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+                return
+            except OSError:
+                pass
+        threading.Thread(target=self._close_quietly, daemon=True).start()
+
+    def _close_quietly(self):
         try:
             self._resp.close()
         except Exception:

@@ -153,6 +153,19 @@ class TestCommands(Base):
         with self.assertRaises(NotFoundException):
             sb.commands.kill(99999)
 
+    def test_disconnect_returns_while_silent(self):
+        # A command that prints nothing: disconnect must not wait for a line.
+        sb = Sandbox.create()
+        sleep = sb.commands.run("sleep", background=True)
+        done = threading.Event()
+        threading.Thread(target=lambda: (sleep.disconnect(), done.set()), daemon=True).start()
+        self.assertTrue(done.wait(5), "disconnect blocked on the silent stream")
+        with self.assertRaises(SandboxException) as cm:
+            sleep.wait(5)
+        self.assertIn("disconnected", str(cm.exception))
+        self.assertIn(sleep.pid, [c["pid"] for c in sb.commands.list()])
+        sleep.kill()
+
     def test_timeout_kills(self):
         sb = Sandbox.create()
         with self.assertRaises(TimeoutException):
