@@ -206,7 +206,7 @@ fuzz-devices:
 # ---- end: PCI/virtio devices ----
 
 # ---- shim (containerd-shim-cube-v1) ----------------------------------------
-.PHONY: shim test-shim e2e-shim bench-shim fuzz-shim
+.PHONY: shim test-shim e2e-shim bench-shim bench-cube fuzz-shim
 
 shim:
 	@mkdir -p $(BIN)
@@ -225,6 +225,12 @@ e2e-shim: deps
 bench-shim: deps
 	$(GO) test -count=1 -timeout 40m -run '^$$' -bench 'BenchmarkCtrRunTrue$$' -benchtime 10x ./integration/shim
 	$(GO) test -count=1 -timeout 40m -run '^$$' -bench 'BenchmarkCtrDensity$$' -benchtime 1x ./integration/shim
+
+# In the test host, issue 14's side by side (one run, tables printed, about 10 minutes): `cube rollback` vs the
+# cube-vmm op alone; `ctr containers restore --live` vs a cold `ctr run -d`; `cube fork -n 1/4/8` vs as many
+# `cube restore`s, and the PSS per clone vs a cold-booted sandbox (a fork that does not fit says so).
+bench-cube: deps
+	$(GO) test -count=1 -timeout 40m -run '^$$' -bench '^BenchmarkCube$$' -benchtime 1x -v ./integration/shim
 
 fuzz-shim:
 	$(GO) test -run '^$$' -fuzz FuzzParse$$ -fuzztime $(FUZZTIME) ./shim/config

@@ -39,7 +39,7 @@ func dialAgent(t *testing.T, uds string, vmm *vmmrun.Process) protocol.AgentServ
 const counterScript = "i=0; while :; do i=$((i+1)); echo $i > /count.new; busybox mv -f /count.new /count; sleep 0.1; done"
 
 // readCounter reads counterScript's /count in container id (a `ctr task exec` of cat).
-func (d *daemons) readCounter(t *testing.T, id string) int {
+func (d *daemons) readCounter(t testing.TB, id string) int {
 	t.Helper()
 	out, rc, err := d.ctrQuiet(nil, "task", "exec", "--exec-id", fmt.Sprintf("c%d", time.Now().UnixNano()), id, "cat", "/count")
 	n, perr := strconv.Atoi(strings.TrimSpace(out))
@@ -168,7 +168,7 @@ type taskInfo struct {
 }
 
 // tasks parses `ctr task ls` (TASK PID STATUS).
-func (d *daemons) tasks(t *testing.T) map[string]taskInfo {
+func (d *daemons) tasks(t testing.TB) map[string]taskInfo {
 	t.Helper()
 	out, rc, err := d.ctrQuiet(nil, "task", "ls")
 	if err != nil || rc != 0 {
@@ -187,7 +187,7 @@ func (d *daemons) tasks(t *testing.T) map[string]taskInfo {
 }
 
 // waitStatus polls `ctr task ls` until the task has the status.
-func (d *daemons) waitStatus(t *testing.T, id, status string, within time.Duration) taskInfo {
+func (d *daemons) waitStatus(t testing.TB, id, status string, within time.Duration) taskInfo {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for {
@@ -215,7 +215,7 @@ func (d *daemons) runDetached(t *testing.T, rt runtime, id string, cmd ...string
 }
 
 // remove force-deletes a container's task and the container.
-func (d *daemons) remove(t *testing.T, id string) {
+func (d *daemons) remove(t testing.TB, id string) {
 	if _, ok := d.tasks(t)[id]; ok {
 		if out, rc, err := d.ctrQuiet(nil, "task", "rm", "-f", id); err != nil || rc != 0 {
 			t.Errorf("ctr task rm -f %s: rc %d %v\n%s", id, rc, err, out)

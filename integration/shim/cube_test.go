@@ -27,14 +27,14 @@ func (d *daemons) storeRoot() string { return store.RootBeside(d.dir + "/snaproo
 // cube runs the cube CLI against d's containerd (its address, namespace and
 // state directory) and store, and returns its stdout and stderr together; a
 // non-zero exit is rc, not an error.
-func (d *daemons) cube(t *testing.T, args ...string) (string, int) {
+func (d *daemons) cube(t testing.TB, args ...string) (string, int) {
 	t.Helper()
 	out, errOut, rc := d.cubeRun(t, args...)
 	return out + errOut, rc
 }
 
 // cubeRun is cube with stdout and stderr apart.
-func (d *daemons) cubeRun(t *testing.T, args ...string) (string, string, int) {
+func (d *daemons) cubeRun(t testing.TB, args ...string) (string, string, int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -58,7 +58,7 @@ func (d *daemons) cubeRun(t *testing.T, args ...string) (string, string, int) {
 }
 
 // cubeJSON runs a cube command that prints a snapshot as JSON.
-func (d *daemons) cubeJSON(t *testing.T, args ...string) cli.Description {
+func (d *daemons) cubeJSON(t testing.TB, args ...string) cli.Description {
 	t.Helper()
 	out, _, rc := d.cubeRun(t, args...)
 	var desc cli.Description
@@ -72,7 +72,7 @@ func (d *daemons) cubeJSON(t *testing.T, args ...string) cli.Description {
 }
 
 // counterAbove waits until container id's counter (counterScript) passes n.
-func (d *daemons) counterAbove(t *testing.T, id string, n int) int {
+func (d *daemons) counterAbove(t testing.TB, id string, n int) int {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
@@ -91,9 +91,10 @@ func (d *daemons) counterAbove(t *testing.T, id string, n int) int {
 // then `--name s2 --incremental`, both in the store with their lineage and the
 // shim's figures, the container running on (same VMM pid, its counter
 // advancing), `cube snapshots ls/inspect/rm` (a parent's deletion refused),
-// and a rollback in place (rollbackRound: a worker exec killed after the
-// snapshot answers again with its old state and pid, an exec started after it
-// ends with 137, the sandbox holds the snapshot until it ends).
+// and three rounds of rollback in place, one to a snapshot other than the
+// VM's parent (rollbackRounds: a worker exec killed after the snapshot
+// answers again with its old state and pid, an exec started after it ends
+// with 137, the sandbox holds the snapshot until it ends).
 func TestCubeSnapshots(t *testing.T) {
 	d := startDaemons(t)
 	const id = "cube-snap"
@@ -163,7 +164,7 @@ func TestCubeSnapshots(t *testing.T) {
 	}
 
 	// Rollback in place, with a worker exec beside the long-lived init.
-	held = append(held, d.rollbackRound(t, id, tk.pid))
+	held = append(held, d.rollbackRounds(t, id, tk.pid)...)
 
 	// s1 goes now; the snapshot the sandbox rolled back to goes once the
 	// container is removed (emptyStore, at the end).

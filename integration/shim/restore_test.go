@@ -39,6 +39,8 @@ func (d *daemons) checkpointLeftovers() []string {
 // worker answers with the checkpoint's counter, identity, pid and digest
 // exactly, then counts on once released; the init's own counter runs on; the
 // new container's execs work (the guest's container answers to the new id).
+// Then the same on a second containerd (restoreElsewhere): the checkpoint
+// image moved with `ctr images export` / `ctr images import --no-unpack`.
 func TestCtrContainerRestore(t *testing.T) {
 	d := startDaemons(t)
 	const src, dst = "cube-cp-src", "cube-cp-dst"
@@ -78,7 +80,12 @@ func TestCtrContainerRestore(t *testing.T) {
 	if out, rc, err := d.ctr("containers", "restore", "--live", "--rw", dst, ref); err != nil || rc != 0 {
 		t.Fatalf("ctr containers restore --live --rw: rc %d %v\n%s", rc, err, out)
 	}
-	t.Cleanup(func() { d.remove(t, dst) })
+	dstRemoved := false
+	t.Cleanup(func() {
+		if !dstRemoved {
+			d.remove(t, dst)
+		}
+	})
 	dstTask := d.waitStatus(t, dst, "RUNNING", time.Minute)
 	if dstTask.pid == srcTask.pid || dstTask.pid <= 0 {
 		t.Errorf("restored task's VMM pid %d, the source's was %d: want a new VMM", dstTask.pid, srcTask.pid)
@@ -95,4 +102,45 @@ func TestCtrContainerRestore(t *testing.T) {
 		t.Errorf("containerd's unpacked checkpoints left behind: %v", left)
 	}
 
+	// Ordering: dst goes before the second containerd starts: startDaemons
+	// points the shim's config (/etc/cube/shim.toml) at the new daemons'
+	// directory, and dst's shim would look for its state there when deleted.
+	d.remove(t, dst)
+	dstRemoved = true
+	d.restoreElsewhere(t, ref, at)
+}
+
+// restoreElsewhere is `ctr containers restore --live --rw` of the checkpoint
+// image ref on a second containerd in the same test host (its own root,
+// state, address, snapshotter and snapshot store; startDaemons' cleanups stop
+// it and remove its directory): the image moved with `ctr images export` and
+// `ctr images import --no-unpack`, the restored worker equals the
+// checkpoint's (at), then advances.
+func (d *daemons) restoreElsewhere(t *testing.T, ref string, at workerState) {
+	tar := filepath.Join(d.dir, "checkpoint.tar")
+	// --skip-manifest-json: Docker's manifest.json describes image manifests; a checkpoint's index lists
+	// its blobs (criu.tar, rw layer, spec) beside the image, and ctr fails to describe those.
+	if out, rc, err := d.ctr("images", "export", "--skip-manifest-json", tar, ref); err != nil || rc != 0 {
+		t.Fatalf("ctr images export of the checkpoint: rc %d %v\n%s", rc, err, out)
+	}
+	defer os.Remove(tar)
+	d2 := startDaemons(t)
+	if out, rc, err := d2.ctr("images", "import", "--no-unpack", tar); err != nil || rc != 0 {
+		t.Fatalf("second containerd: ctr images import --no-unpack of the checkpoint: rc %d %v\n%s", rc, err, out)
+	}
+	const id = "cube-cp-elsewhere"
+	if out, rc, err := d2.ctr("containers", "restore", "--live", "--rw", id, ref); err != nil || rc != 0 {
+		t.Fatalf("second containerd: ctr containers restore --live --rw: rc %d %v\n%s", rc, err, out)
+	}
+	t.Cleanup(func() { d2.remove(t, id) })
+	d2.waitStatus(t, id, "RUNNING", time.Minute)
+	if got := d2.workerAnswers(t, id, "query"); !got.same(at) {
+		t.Fatalf("second containerd: the restored worker is %+v, want the checkpoint's %+v", got, at)
+	}
+	d2.workerAnswers(t, id, "release")
+	d2.workerAbove(t, id, at.Counter)
+	d2.counterAbove(t, id, d2.readCounter(t, id))
+	if left := d2.checkpointLeftovers(); len(left) > 0 {
+		t.Errorf("second containerd: its unpacked checkpoints left behind: %v", left)
+	}
 }

@@ -2,14 +2,14 @@ package shim
 
 import (
 	"encoding/json"
-	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 )
 
 // workerBin is integration/snapshot/worker in the test host (TestMain builds
-// it); rollbackRound copies it into the container.
+// it); startWorker copies it into the container.
 const workerBin = "/cube/bin/worker"
 
 // workerSock is the worker's socket in the container (its rootfs, which
@@ -73,80 +73,140 @@ func (d *daemons) workerAbove(t *testing.T, id string, n int64) workerState {
 	}
 }
 
-// rollbackRound is the acceptance round of a rollback in place through the
-// cube CLI (issue 14): the worker (in-memory counter, random identity, pid,
-// digest) runs as an exec beside container id's long-lived init: hold →
-// cube snapshot → release → it advances → SIGKILL → an exec started after
-// the snapshot → cube rollback → every field equals the snapshot's, the
-// late exec ends with 137, the same VMM pid → release → it advances. It
-// returns the snapshot's id (the sandbox holds it until it ends).
-func (d *daemons) rollbackRound(t *testing.T, id string, vmmPid int) string {
+// rollbackRounds is issue 14's acceptance for rollback in place through the
+// cube CLI: the worker (in-memory counter, random identity, pid, digest) runs
+// as an exec beside container id's long-lived init, and three rounds of
+// hold → cube snapshot → release → it advances → SIGKILL → cube rollback →
+// every field equals the snapshot's → release → it advances, the task
+// RUNNING on the same VMM pid throughout:
+//  1. to snapshot A (the VM's parent), with an exec started after the
+//     snapshot, which ends with 137;
+//  2. to snapshot B, taken after round 1 (the VM's parent again);
+//  3. to A again, which is not the VM's parent (B is): memory comes back by
+//     rewrite-diff or rewrite-all, not rewrite-dirty.
+//
+// It returns the snapshots' ids (the sandbox holds the one it rolled back to
+// until it ends).
+func (d *daemons) rollbackRounds(t *testing.T, id string, vmmPid int) []string {
 	t.Helper()
-	bin, err := os.Open(workerBin)
-	if err != nil {
-		t.Fatalf("the worker binary: %v", err)
-	}
-	defer bin.Close()
-	if out, rc, err := d.ctrQuiet(bin, "task", "exec", "--exec-id", "cp-worker", id, "sh", "-c", "cat > /worker && busybox chmod 755 /worker"); err != nil || rc != 0 {
-		t.Fatalf("copy the worker into %s: rc %d %v\n%s", id, rc, err, out)
-	}
-	wk := d.ctrBG(t, "task", "exec", "--exec-id", "worker", id, "/worker", "serve", workerSock)
-	d.workerAbove(t, id, 0)
+	wk := d.startWorker(t, id)
 
-	at := d.workerAnswers(t, id, "hold")
-	snap := d.cubeJSON(t, "snapshot", id, "--name", "before-kill", "--json")
-	if st := d.workerAnswers(t, id, "query"); !st.same(at) {
-		t.Fatalf("the held worker changed across the snapshot: %+v, then %+v", at, st)
-	}
-	d.workerAnswers(t, id, "release")
-	after := d.workerAbove(t, id, at.Counter)
-
-	// SIGKILL the worker: its exec ends 137, it answers no more.
-	if out, rc, err := d.ctrQuiet(nil, "task", "kill", "-s", "SIGKILL", "--exec-id", "worker", id); err != nil || rc != 0 {
-		t.Fatalf("kill the worker: rc %d %v\n%s", rc, err, out)
-	}
-	if rc, out := wk.wait(t, time.Minute); rc != 137 {
-		t.Fatalf("the killed worker's exec: rc %d, want 137\n%s", rc, out)
-	}
-	if st, ok := d.worker(t, id, "query"); ok {
-		t.Fatalf("the killed worker still answers: %+v", st)
-	}
-	// An exec the snapshot does not have.
+	a, atA := d.heldSnapshot(t, id, "round-a")
+	// Round 1, with an exec the snapshot does not have.
+	d.killWorker(t, id, wk, atA.PID)
 	late := d.ctrBG(t, "task", "exec", "--exec-id", "late", id, "sleep", "1000")
 	time.Sleep(time.Second)
-
-	out, errOut, rc := d.cubeRun(t, "rollback", id, "before-kill")
-	if rc != 0 {
-		t.Fatalf("cube rollback: rc %d\n%s%s", rc, out, errOut)
+	out := d.rollbackTo(t, id, vmmPid, "round-a", atA)
+	if m := rolledBackMemory(out); m != "rewrite-dirty" {
+		t.Errorf("round 1 (to the VM's parent): memory %q, want rewrite-dirty", m)
 	}
-	for _, want := range []string{"memory:", "frozen:", "process:  " + id + "/late", "ended"} {
+	for _, want := range []string{"frozen:", "process:  " + id + "/late", "ended"} {
 		if !strings.Contains(out, want) {
-			t.Errorf("cube rollback's output lacks %q:\n%s", want, out)
+			t.Errorf("round 1: cube rollback's output lacks %q:\n%s", want, out)
 		}
-	}
-
-	// The worker answers again with the snapshot's state exactly.
-	got := d.workerAnswers(t, id, "query")
-	if !got.same(at) {
-		t.Fatalf("after the rollback the worker is %+v, want the snapshot's %+v (before the kill it was at %d)", got, at, after.Counter)
 	}
 	if rc, out := late.wait(t, time.Minute); rc != 137 {
 		t.Errorf("the exec started after the snapshot: rc %d, want 137\n%s", rc, out)
 	}
-	if now := d.tasks(t)[id]; now.status != "RUNNING" || now.pid != vmmPid {
-		t.Errorf("after the rollback the task is %+v, want RUNNING with VMM pid %d", now, vmmPid)
+	// The sandbox holds the snapshot: deleting it is refused, naming it.
+	if out, rc := d.cube(t, "snapshots", "rm", "round-a"); rc != 1 || !strings.Contains(out, `"sandbox e2e/`+id+`"`) {
+		t.Errorf("rm of the snapshot the sandbox rolled back to: rc %d\n%s", rc, out)
+	}
+
+	// Round 2: the revived worker's exec was deleted by containerd (its ctr
+	// ended with 137): the guest's kill ends it.
+	b, atB := d.heldSnapshot(t, id, "round-b")
+	d.killWorker(t, id, nil, atB.PID)
+	if m := rolledBackMemory(d.rollbackTo(t, id, vmmPid, "round-b", atB)); m != "rewrite-dirty" {
+		t.Errorf("round 2 (to the VM's parent): memory %q, want rewrite-dirty", m)
+	}
+
+	// Round 3: back to A, which is not the VM's parent.
+	d.killWorker(t, id, nil, atB.PID)
+	if m := rolledBackMemory(d.rollbackTo(t, id, vmmPid, "round-a", atA)); m != "rewrite-diff" && m != "rewrite-all" {
+		t.Errorf("round 3 (to a snapshot other than the VM's parent): memory %q, want rewrite-diff or rewrite-all", m)
+	}
+	return []string{a, b}
+}
+
+// heldSnapshot holds the worker in container id, takes `cube snapshot
+// --name name`, checks the held worker did not change across it, releases it
+// and waits until it advances; it returns the snapshot's id and the worker's
+// state in it.
+func (d *daemons) heldSnapshot(t *testing.T, id, name string) (string, workerState) {
+	t.Helper()
+	at := d.workerAnswers(t, id, "hold")
+	snap := d.cubeJSON(t, "snapshot", id, "--name", name, "--json")
+	if st := d.workerAnswers(t, id, "query"); !st.same(at) {
+		t.Fatalf("the held worker changed across snapshot %s: %+v, then %+v", name, at, st)
 	}
 	d.workerAnswers(t, id, "release")
 	d.workerAbove(t, id, at.Counter)
-	d.counterAbove(t, id, d.readCounter(t, id))
+	return snap.ID, at
+}
 
-	// The sandbox holds the snapshot: deleting it is refused, naming it.
-	if out, rc := d.cube(t, "snapshots", "rm", "before-kill"); rc != 1 || !strings.Contains(out, `"sandbox e2e/`+id+`"`) {
-		t.Errorf("rm of the snapshot the sandbox rolled back to: rc %d\n%s", rc, out)
+// killWorker SIGKILLs the worker and waits until it no longer answers.
+// With wk (the ctr that started it) the kill goes through ctr and wk's exit
+// status must be 137; without, the worker is one a rollback revived after
+// containerd deleted its exec (rollback reports it "unknown": ctr cannot
+// reach it), and busybox kill in the guest ends it by pid.
+func (d *daemons) killWorker(t *testing.T, id string, wk *bg, pid int) {
+	t.Helper()
+	args := []string{"task", "kill", "-s", "SIGKILL", "--exec-id", "worker", id}
+	if wk == nil {
+		args = []string{"task", "exec", "--exec-id", "kill-worker", id, "busybox", "kill", "-KILL", strconv.Itoa(pid)}
 	}
-	// The revived worker is an exec containerd knows again: SIGKILL ends it.
-	if out, rc, err := d.ctrQuiet(nil, "task", "kill", "-s", "SIGKILL", "--exec-id", "worker", id); err != nil || rc != 0 {
-		t.Logf("kill the revived worker: rc %d %v\n%s", rc, err, out)
+	if out, rc, err := d.ctrQuiet(nil, args...); err != nil || rc != 0 {
+		t.Fatalf("kill the worker (ctr %s): rc %d %v\n%s", strings.Join(args, " "), rc, err, out)
 	}
-	return snap.ID
+	if wk != nil {
+		if rc, out := wk.wait(t, time.Minute); rc != 137 {
+			t.Fatalf("the killed worker's exec: rc %d, want 137\n%s", rc, out)
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st, ok := d.worker(t, id, "query")
+		if !ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the killed worker still answers: %+v", st)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// rollbackTo runs `cube rollback id ref` and checks that the worker answers
+// with want exactly, the task runs on in the same VMM, and, released, the
+// worker and the init's counter advance. It returns cube rollback's output.
+func (d *daemons) rollbackTo(t *testing.T, id string, vmmPid int, ref string, want workerState) string {
+	t.Helper()
+	out, errOut, rc := d.cubeRun(t, "rollback", id, ref)
+	if rc != 0 {
+		t.Fatalf("cube rollback %s: rc %d\n%s%s", ref, rc, out, errOut)
+	}
+	if got := d.workerAnswers(t, id, "query"); !got.same(want) {
+		t.Fatalf("after the rollback to %s the worker is %+v, want the snapshot's %+v", ref, got, want)
+	}
+	if now := d.tasks(t)[id]; now.status != "RUNNING" || now.pid != vmmPid {
+		t.Errorf("after the rollback to %s the task is %+v, want RUNNING with VMM pid %d", ref, now, vmmPid)
+	}
+	d.workerAnswers(t, id, "release")
+	d.workerAbove(t, id, want.Counter)
+	d.counterAbove(t, id, d.readCounter(t, id))
+	return out
+}
+
+// rolledBackMemory is how cube rollback's output says memory came back
+// (its "memory:" row's first word).
+func rolledBackMemory(out string) string {
+	for _, l := range strings.Split(out, "\n") {
+		if v, ok := strings.CutPrefix(l, "memory:"); ok {
+			if f := strings.Fields(v); len(f) > 0 {
+				return f[0]
+			}
+		}
+	}
+	return ""
 }
