@@ -20,6 +20,7 @@ help:
 	@echo "make test-full  all non-e2e tests, incl. root ones (snapshotter suites, containerd daemon)"
 	@echo "make e2e        test host tier; select with E2E_PKGS=... RUN=..."
 	@echo "make bench      benchmarks (BENCH_PKGS=..., BENCH=...)"
+	@echo "make bench-net  TCP throughput and round trips: cube-vmm's virtio-net vs QEMU's vs a runc container (test host)"
 	@echo "make stress     test-host stability: CUBE_STRESS_LIFECYCLES nested VM lifecycles (default 50), failures counted"
 	@echo "make build      binaries into bin/"
 	@echo "make guest      guest image into bin/guest (kernel + agent initramfs)"
@@ -129,6 +130,16 @@ fuzz-hypervisor:
 	$(GO) test -run '^$$' -fuzz '^FuzzRegisterAccess$$' -fuzztime $(FUZZTIME) ./hypervisor/devices/serial
 	$(GO) test -run '^$$' -fuzz '^FuzzRestore$$' -fuzztime $(FUZZTIME) ./hypervisor/machine
 # <<< hypervisor
+
+# >>> net benchmark (issue 16)
+.PHONY: bench-net
+# In the test host, one peer after the other: TCP throughput each way (NET_BENCH_REPS transfers of NET_BENCH_MIB
+# MiB, every byte checked) and NET_BENCH_RTTS round trips of 64 bytes between the test host and netbench served by
+# cube-vmm's virtio-net on a tap, QEMU's virtio-net-pci on a tap, and a runc container on a veth; a table with
+# ratios (docs/bench/net.md).
+bench-net: deps
+	$(GO) test -count=1 -timeout 30m -run '^$$' -bench '^BenchmarkNet$$' -benchtime 1x -v ./integration/vmm
+# <<< net benchmark
 
 # ---- guest agent (issue 4) — begin ----------------------------------------
 # The guest's /init: a static binary (no libc in the initramfs).

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -53,10 +54,18 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "FAIL: prepare guest artifacts: %v\n", err)
 		os.Exit(1)
 	}
+	// The benchmarks' knobs reach the test binary inside the test host.
+	var envs []string
+	for _, k := range []string{"BOOT_RUNS", "NET_BENCH_MIB", "NET_BENCH_REPS", "NET_BENCH_RTTS", "NET_BENCH_PEERS"} {
+		if v, ok := os.LookupEnv(k); ok {
+			envs = append(envs, k+"="+v)
+		}
+	}
 	code := testhost.RunMain(m, testhost.Options{
+		Env:     envs,
 		Timeout: 15 * time.Minute,
-		Tools:   []string{"qemu-system-x86_64", "socat"},
-		Modules: []string{"tun"}, // taps for TestGuestNet
+		Tools:   []string{"qemu-system-x86_64", "socat", "runc"}, // runc: the net benchmark's native baseline
+		Modules: []string{"tun", "veth"},                         // taps for TestGuestNet and the net benchmark; its veth
 		Files:   files,
 	})
 	cleanup() // not deferred: os.Exit skips deferred calls
@@ -98,7 +107,12 @@ func prepareGuest() (map[string]string, func(), error) {
 		cleanup()
 		return nil, nil, err
 	}
-	return map[string]string{
+	nb, err := prepareNetBench(k, dir)
+	if err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	files := map[string]string{
 		guestKernel:   k.Vmlinuz,
 		markerInitrd:  initrd,
 		devicesInitrd: devices,
@@ -106,7 +120,9 @@ func prepareGuest() (map[string]string, func(), error) {
 		// QEMU's firmware (SeaBIOS, option ROMs), for the peer VMM.
 		"/usr/share/qemu":    "/usr/share/qemu",
 		"/usr/share/seabios": "/usr/share/seabios",
-	}, cleanup, nil
+	}
+	maps.Copy(files, nb)
+	return files, cleanup, nil
 }
 
 // buildVMM builds cube-vmm from this checkout to where files says it goes.
@@ -209,25 +225,8 @@ poweroff -f
 `
 
 func writeDevicesInitrd(k *guestimage.Kernel, dst string) error {
-	r := guestimage.NewInitramfs()
-	if err := r.File("bin/busybox", "/bin/busybox"); err != nil {
-		return err
-	}
-	if err := r.Bytes("init", []byte(devicesInit), 0o755); err != nil {
-		return err
-	}
-	mods, err := k.Modules(devicesModules...)
+	r, err := modulesInitrd(k, devicesInit, devicesModules)
 	if err != nil {
-		return err
-	}
-	var order []string
-	for _, m := range mods {
-		if err := r.File("lib/modules/"+filepath.Base(m), filepath.Join(k.ModulesDir(), m)); err != nil {
-			return err
-		}
-		order = append(order, filepath.Base(m))
-	}
-	if err := r.Bytes("modules.order", []byte(strings.Join(order, "\n")+"\n"), 0o644); err != nil {
 		return err
 	}
 	socat, err := exec.LookPath("socat")
@@ -242,4 +241,31 @@ func writeDevicesInitrd(k *guestimage.Kernel, dst string) error {
 		return err
 	}
 	return os.WriteFile(dst, buf.Bytes(), 0o644)
+}
+
+// modulesInitrd is an initramfs with busybox, init as /init, and modules (with their dependencies) in
+// /lib/modules, listed in load order in /modules.order.
+func modulesInitrd(k *guestimage.Kernel, init string, modules []string) (*guestimage.Initramfs, error) {
+	r := guestimage.NewInitramfs()
+	if err := r.File("bin/busybox", "/bin/busybox"); err != nil {
+		return nil, err
+	}
+	if err := r.Bytes("init", []byte(init), 0o755); err != nil {
+		return nil, err
+	}
+	mods, err := k.Modules(modules...)
+	if err != nil {
+		return nil, err
+	}
+	var order []string
+	for _, m := range mods {
+		if err := r.File("lib/modules/"+filepath.Base(m), filepath.Join(k.ModulesDir(), m)); err != nil {
+			return nil, err
+		}
+		order = append(order, filepath.Base(m))
+	}
+	if err := r.Bytes("modules.order", []byte(strings.Join(order, "\n")+"\n"), 0o644); err != nil {
+		return nil, err
+	}
+	return r, nil
 }
