@@ -42,8 +42,8 @@ func demoForwards() ([]testhost.Forward, error) {
 	return []testhost.Forward{{HostPort: p, GuestPort: demoAPIPort}, {HostPort: p + 1, GuestPort: demoDonePort}}, nil
 }
 
-// TestDemo is `make demo`: the SDK story a user runs against cube-api —
-// contrib/sdk/go/examples/demo, unchanged, against a cube-api on the real
+// TestDemo is the Go twin of `make demo` (which runs the Python SDK's demo
+// from the machine against TestDemo's serve mode): contrib/sdk/go/examples/demo, unchanged, against a cube-api on the real
 // containerd, shim and VMM. The program checks each of its steps (a
 // background process, a snapshot, a destructive change, a rollback in place
 // that brings the file and the process with its PID back, a fork of 2 whose

@@ -1,9 +1,6 @@
 package testhost
 
-import (
-	"fmt"
-	"strings"
-)
+import "fmt"
 
 // forwardArgs are QEMU's arguments for fw: one user-mode network (slirp) with restrict=on, so the test host
 // can reach neither the machine nor the outside, and a hostfwd rule per port on the machine's loopback.
@@ -20,16 +17,14 @@ func forwardArgs(fw []Forward) []string {
 }
 
 // forwardScript is the payload script's set-up of eth0 when there are forwards (withDefaults adds virtio_net
-// to the modules stage 2 loads): up, with the address QEMU's user network forwards to. A failure stops the run before the payload (exit 1 from the
-// script, with the reason on the payload's output).
+// to the modules stage 2 loads): up, with the address QEMU's user network forwards to. A failure stops the run
+// before the payload (exit 1 from the script, with the reason on the payload's output).
 func forwardScript(fw []Forward) string {
 	if len(fw) == 0 {
 		return ""
 	}
-	var b strings.Builder
-	b.WriteString("ip link set eth0 up && ip addr add " + ForwardGuestAddr + "/24 dev eth0 || " +
-		"{ echo 'testhost: forwards: cannot configure eth0 (virtio_net in the test host kernel?)'; ip link; exit 1; }\n")
-	return b.String()
+	return "ip link set eth0 up && ip addr add " + ForwardGuestAddr + "/24 dev eth0 || " +
+		"{ echo 'testhost: forwards: cannot configure eth0 (virtio_net in the test host kernel?)'; ip link; exit 1; }\n"
 }
 
 // validateForwards refuses ports out of range and a host port given twice.

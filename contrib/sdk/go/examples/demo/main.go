@@ -120,8 +120,13 @@ func (d *demo) run(ctx context.Context, image string, forks int) error {
 	d.say("snapshot %s (%q): the VM frozen %.0f ms, %.0f ms in all, %d MiB; the counter was past %d", snap.SnapshotID, "before-experiment",
 		snap.FrozenMs, snap.TotalMs, snap.SizeBytes>>20, before)
 
-	if _, err := sb.Commands.Run(ctx, "rm -f "+notes+"; kill -9 "+strconv.Itoa(int(counter.Pid)), cube.RunOptions{}); err != nil {
+	// The counter is killed through the API (the agent signals it by its guest PID, as listed), the file
+	// removed by a command.
+	if _, err := sb.Commands.Run(ctx, "rm -f "+notes, cube.RunOptions{}); err != nil {
 		return fmt.Errorf("the experiment: %w", err)
+	}
+	if err := sb.Commands.Kill(ctx, counter.Pid, nil); err != nil {
+		return fmt.Errorf("the experiment: SIGKILL the counter (pid %d): %w", counter.Pid, err)
 	}
 	if ok, _ := sb.Files.Exists(ctx, notes); ok {
 		return fmt.Errorf("%s still exists after rm", notes)
