@@ -13,11 +13,11 @@ import (
 )
 
 // importForAPI imports the test image into cube-api's namespace.
-func (d *daemons) importForAPI(t *testing.T, ctx context.Context) {
+func (d *Daemons) importForAPI(t *testing.T, ctx context.Context) {
 	t.Helper()
-	imp := exec.CommandContext(ctx, ctrBin, "--address", d.dir+"/containerd.sock", "--namespace", apiNamespace,
-		"images", "import", "--snapshotter", "cube", imageTar)
-	imp.Env = d.env
+	imp := exec.CommandContext(ctx, CtrBin, "--address", d.Dir+"/containerd.sock", "--namespace", apiNamespace,
+		"images", "import", "--snapshotter", "cube", ImageTar)
+	imp.Env = d.Env
 	if out, err := imp.CombinedOutput(); err != nil {
 		t.Fatalf("import into %s: %v\n%s", apiNamespace, err, out)
 	}
@@ -54,7 +54,7 @@ func apiStartWorker(t *testing.T, ctx context.Context, sb *cube.Sandbox) {
 // that maps it (in use, 409 on delete) and whose counter runs on from the
 // template's. At the end no sandbox, container or snapshot remains.
 func TestCubeAPIRestoreAndFork(t *testing.T) {
-	d := startDaemons(t)
+	d := StartDaemons(t)
 	if _, err := os.Stat(apiBin); err != nil {
 		t.Fatalf("cube-api not in the test host: %v", err)
 	}
@@ -71,7 +71,7 @@ func TestCubeAPIRestoreAndFork(t *testing.T) {
 		}
 	}()
 
-	src, err := c.Create(ctx, cube.CreateOptions{Template: imageRef, Timeout: 900})
+	src, err := c.Create(ctx, cube.CreateOptions{Template: ImageRef, Timeout: 900})
 	if err != nil {
 		t.Fatalf("create: %v", err)
 	}
@@ -165,8 +165,8 @@ func TestCubeAPIRestoreAndFork(t *testing.T) {
 	if err := c.DeleteSnapshot(ctx, snap.SnapshotID); err != nil {
 		t.Errorf("delete the snapshot: %v", err)
 	}
-	ls := exec.CommandContext(ctx, ctrBin, "--address", d.dir+"/containerd.sock", "--namespace", apiNamespace, "containers", "ls", "-q")
-	ls.Env = d.env
+	ls := exec.CommandContext(ctx, CtrBin, "--address", d.Dir+"/containerd.sock", "--namespace", apiNamespace, "containers", "ls", "-q")
+	ls.Env = d.Env
 	if out, err := ls.CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "" {
 		t.Errorf("containers left: %q %v", out, err)
 	}
@@ -181,13 +181,13 @@ func apiTemplateRound(t *testing.T, ctx context.Context, c *cube.Client) {
 	t.Helper()
 	before := len(apiSandboxes(t, ctx, c))
 	start := time.Now()
-	tp, err := c.BuildTemplate(ctx, imageRef, cube.BuildTemplateOptions{TemplateID: "e2e-tpl",
+	tp, err := c.BuildTemplate(ctx, ImageRef, cube.BuildTemplateOptions{TemplateID: "e2e-tpl",
 		ReadyCmd: []string{"sh", "-c", `test "$(cat /count 2>/dev/null || echo 0)" -gt 20`}, ReadyTimeout: 240})
 	if err != nil {
 		t.Fatalf("build a template: %v", err)
 	}
 	t.Logf("template %s (snapshot %s) built in %v", tp.TemplateID, tp.SnapshotID, time.Since(start))
-	if tp.Image != imageRef || tp.InUse {
+	if tp.Image != ImageRef || tp.InUse {
 		t.Errorf("template: %+v", tp)
 	}
 	if l, err := c.ListTemplates(ctx); err != nil || len(l) != 1 || l[0].TemplateID != "e2e-tpl" {

@@ -57,22 +57,22 @@ const (
 
 // startAPI starts cube-api on a free loopback port and waits for /health;
 // the returned function stops it (SIGTERM, graceful).
-func (d *daemons) startAPI(t *testing.T, addr string) func() {
+func (d *Daemons) startAPI(t *testing.T, addr string) func() {
 	t.Helper()
-	conf := filepath.Join(d.dir, "api.toml")
-	cniConf, cniCache := filepath.Join(d.dir, "cni"), filepath.Join(d.dir, "cni-cache")
+	conf := filepath.Join(d.Dir, "api.toml")
+	cniConf, cniCache := filepath.Join(d.Dir, "cni"), filepath.Join(d.Dir, "cni-cache")
 	os.MkdirAll(cniConf, 0o755)
 	os.WriteFile(filepath.Join(cniConf, apiNetName+".conflist"), fmt.Appendf(nil, apiNetConf, filepath.Join(cniCache, "ipam")), 0o644)
-	os.WriteFile(conf, fmt.Appendf(nil, apiConfig, addr, apiKey, d.dir+"/containerd.sock", d.dir+"/state",
-		apiNamespace, d.storeRoot(), counterScript, apiNetName, cniConf, cniCache, criCNIBinDir, cubeBin), 0o644)
-	logPath := filepath.Join(d.dir, "api.log")
+	os.WriteFile(conf, fmt.Appendf(nil, apiConfig, addr, apiKey, d.Dir+"/containerd.sock", d.Dir+"/state",
+		apiNamespace, d.StoreRoot(), CounterScript, apiNetName, cniConf, cniCache, CNIBinDir, CubeBin), 0o644)
+	logPath := filepath.Join(d.Dir, "api.log")
 	lf, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer lf.Close()
 	cmd := exec.Command(apiBin, "--config", conf)
-	cmd.Env, cmd.Stdout, cmd.Stderr = d.env, lf, lf
+	cmd.Env, cmd.Stdout, cmd.Stderr = d.Env, lf, lf
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +80,7 @@ func (d *daemons) startAPI(t *testing.T, addr string) func() {
 	stopAPI := func() {
 		if !stopped {
 			stopped = true
-			stop(t, cmd, logPath)
+			Stop(t, cmd, logPath)
 		}
 	}
 	t.Cleanup(stopAPI)
@@ -115,16 +115,16 @@ func freeAddr(t *testing.T) string {
 // HTTP (through the Go SDK): create → commands → snapshot → list → pause →
 // connect → restart of cube-api → delete, and the error answers.
 func TestCubeAPI(t *testing.T) {
-	d := startDaemons(t)
+	d := StartDaemons(t)
 	if _, err := os.Stat(apiBin); err != nil {
 		t.Fatalf("cube-api not in the test host: %v", err)
 	}
 	// cube-api keeps its sandboxes in a namespace of its own: the image goes there too.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	imp := exec.CommandContext(ctx, ctrBin, "--address", d.dir+"/containerd.sock", "--namespace", apiNamespace,
-		"images", "import", "--snapshotter", "cube", imageTar)
-	imp.Env = d.env
+	imp := exec.CommandContext(ctx, CtrBin, "--address", d.Dir+"/containerd.sock", "--namespace", apiNamespace,
+		"images", "import", "--snapshotter", "cube", ImageTar)
+	imp.Env = d.Env
 	if out, err := imp.CombinedOutput(); err != nil {
 		t.Fatalf("import into %s: %v\n%s", apiNamespace, err, out)
 	}
@@ -141,7 +141,7 @@ func TestCubeAPI(t *testing.T) {
 	}
 
 	start := time.Now()
-	sb, err := c.Create(ctx, cube.CreateOptions{Template: imageRef, Timeout: 900, Metadata: map[string]string{"test": "e2e"},
+	sb, err := c.Create(ctx, cube.CreateOptions{Template: ImageRef, Timeout: 900, Metadata: map[string]string{"test": "e2e"},
 		Envs: map[string]string{"GREETING": "hello"}})
 	if err != nil {
 		t.Fatalf("create: %v", err)
@@ -224,8 +224,8 @@ func TestCubeAPI(t *testing.T) {
 	if _, err := c.Connect(ctx, sb.ID, 0); !cube.IsNotFound(err) {
 		t.Errorf("killed sandbox: %v", err)
 	}
-	ls := exec.CommandContext(ctx, ctrBin, "--address", d.dir+"/containerd.sock", "--namespace", apiNamespace, "containers", "ls", "-q")
-	ls.Env = d.env
+	ls := exec.CommandContext(ctx, CtrBin, "--address", d.Dir+"/containerd.sock", "--namespace", apiNamespace, "containers", "ls", "-q")
+	ls.Env = d.Env
 	if out, err := ls.CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "" {
 		t.Errorf("containers left: %q %v", out, err)
 	}

@@ -33,19 +33,19 @@ const (
 // address (and MAC) and answer on it, the source keeping its own. Deleting
 // sandboxes releases their addresses and bridge ports.
 func TestCubeAPINetwork(t *testing.T) {
-	d := startDaemons(t)
+	d := StartDaemons(t)
 	for _, ip := range []string{apiNetServerA, apiNetServerB} {
 		if out, err := exec.Command("/bin/busybox", "ip", "addr", "add", ip+"/32", "dev", "lo").CombinedOutput(); err != nil {
 			t.Fatalf("add %s to lo: %v: %s", ip, err, out)
 		}
 		t.Cleanup(func() { exec.Command("/bin/busybox", "ip", "addr", "del", ip+"/32", "dev", "lo").Run() })
 	}
-	a, b := newCountingServer(t, apiNetServerA), newCountingServer(t, apiNetServerB)
+	a, b := NewCountingServer(t, apiNetServerA), NewCountingServer(t, apiNetServerB)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	imp := exec.CommandContext(ctx, ctrBin, "--address", d.dir+"/containerd.sock", "--namespace", apiNamespace,
-		"images", "import", "--snapshotter", "cube", imageTar)
-	imp.Env = d.env
+	imp := exec.CommandContext(ctx, CtrBin, "--address", d.Dir+"/containerd.sock", "--namespace", apiNamespace,
+		"images", "import", "--snapshotter", "cube", ImageTar)
+	imp.Env = d.Env
 	if out, err := imp.CombinedOutput(); err != nil {
 		t.Fatalf("import into %s: %v\n%s", apiNamespace, err, out)
 	}
@@ -54,29 +54,29 @@ func TestCubeAPINetwork(t *testing.T) {
 	c := &cube.Client{URL: "http://" + addr, APIKey: apiKey}
 
 	no := false
-	sb, err := c.Create(ctx, cube.CreateOptions{Template: imageRef, Timeout: 900, AllowInternetAccess: &no,
+	sb, err := c.Create(ctx, cube.CreateOptions{Template: ImageRef, Timeout: 900, AllowInternetAccess: &no,
 		Network: &cube.Network{AllowOut: []string{apiNetServerA}}})
 	if err != nil {
 		t.Fatalf("create: %v", err)
 	}
 	defer sb.Kill(context.Background())
-	ip, err := sandboxnet.Address(sandboxnet.Config{Network: apiNetName, ConfDir: filepath.Join(d.dir, "cni"),
-		BinDirs: []string{criCNIBinDir}, CacheDir: filepath.Join(d.dir, "cni-cache")}, sb.ID)
+	ip, err := sandboxnet.Address(sandboxnet.Config{Network: apiNetName, ConfDir: filepath.Join(d.Dir, "cni"),
+		BinDirs: []string{CNIBinDir}, CacheDir: filepath.Join(d.Dir, "cni-cache")}, sb.ID)
 	if err != nil {
 		t.Fatalf("the sandbox's address: %v", err)
 	}
 	if res, err := sb.Commands.Run(ctx, "busybox ip -4 addr show eth0", cube.RunOptions{}); err != nil || !strings.Contains(res.Stdout, ip.String()+"/24") {
 		t.Errorf("the guest's eth0 lacks %s: %+v %v", ip, res, err)
 	}
-	fetch := func(sb *cube.Sandbox, s *countingServer) (string, bool) {
-		res, _ := sb.Commands.Run(ctx, "busybox timeout 5 busybox wget -q -O - "+s.url+" 2>&1; echo rc=$?", cube.RunOptions{})
+	fetch := func(sb *cube.Sandbox, s *CountingServer) (string, bool) {
+		res, _ := sb.Commands.Run(ctx, "busybox timeout 5 busybox wget -q -O - "+s.URL+" 2>&1; echo rc=$?", cube.RunOptions{})
 		return res.Stdout, strings.Contains(res.Stdout, "hello-from") && strings.HasSuffix(strings.TrimSpace(res.Stdout), "rc=0")
 	}
 	if out, ok := fetch(sb, a); !ok {
 		t.Errorf("allowOut A: the sandbox did not reach A: %q", out)
 	}
-	if out, ok := fetch(sb, b); ok || b.hits.Load() != 0 {
-		t.Errorf("B is not allowed: %q, B's server counted %d requests", out, b.hits.Load())
+	if out, ok := fetch(sb, b); ok || b.Hits.Load() != 0 {
+		t.Errorf("B is not allowed: %q, B's server counted %d requests", out, b.Hits.Load())
 	}
 	// Changed while it runs: B only.
 	p, err := sb.SetNetwork(ctx, false, []string{apiNetServerB}, nil)
@@ -86,12 +86,12 @@ func TestCubeAPINetwork(t *testing.T) {
 	if len(p.Dropped) == 0 {
 		t.Logf("policy after the change: %+v", p)
 	}
-	hitsA := a.hits.Load()
+	hitsA := a.Hits.Load()
 	if out, ok := fetch(sb, b); !ok {
 		t.Errorf("after allowing B: %q", out)
 	}
-	if out, ok := fetch(sb, a); ok || a.hits.Load() != hitsA {
-		t.Errorf("A is no longer allowed: %q, A's server counted %d more", out, a.hits.Load()-hitsA)
+	if out, ok := fetch(sb, a); ok || a.Hits.Load() != hitsA {
+		t.Errorf("A is no longer allowed: %q, A's server counted %d more", out, a.Hits.Load()-hitsA)
 	}
 	var bad *cube.APIError
 	if _, err := sb.SetNetwork(ctx, true, []string{"10.0.0.300"}, nil); err == nil || !asAPIError(err, &bad) || bad.Status != 400 || !strings.Contains(bad.Message, "network.allowOut") {
@@ -113,10 +113,10 @@ func TestCubeAPINetwork(t *testing.T) {
 	}
 
 	// Fork: each clone its own address, answering on it; the source keeps its own.
-	out, _, rc := d.cubeRun(t, "--namespace", apiNamespace, "fork", sb.ID, "-n", "2", "--prefix", "netclone", "--json")
+	out, _, rc := d.CubeRun(t, "--namespace", apiNamespace, "fork", sb.ID, "-n", "2", "--prefix", "netclone", "--json")
 	var f forked
 	if rc != 0 || json.Unmarshal([]byte(out), &f) != nil || len(f.Clones) != 2 {
-		t.Fatalf("cube fork -n 2: rc %d\n%s\nshim log:\n%s", rc, out, d.vmmLog(0))
+		t.Fatalf("cube fork -n 2: rc %d\n%s\nshim log:\n%s", rc, out, d.VMMLog(0))
 	}
 	seen := map[string]string{ip.String(): sb.ID}
 	for _, cl := range f.Clones {
@@ -125,8 +125,8 @@ func TestCubeAPINetwork(t *testing.T) {
 			continue
 		}
 		defer d.cubeRemove(t, cl.ID)
-		cip, err := sandboxnet.Address(sandboxnet.Config{Network: apiNetName, ConfDir: filepath.Join(d.dir, "cni"),
-			BinDirs: []string{criCNIBinDir}, CacheDir: filepath.Join(d.dir, "cni-cache")}, cl.ID)
+		cip, err := sandboxnet.Address(sandboxnet.Config{Network: apiNetName, ConfDir: filepath.Join(d.Dir, "cni"),
+			BinDirs: []string{CNIBinDir}, CacheDir: filepath.Join(d.Dir, "cni-cache")}, cl.ID)
 		if err != nil {
 			t.Errorf("clone %s's address: %v", cl.ID, err)
 			continue
@@ -156,7 +156,7 @@ func TestCubeAPINetwork(t *testing.T) {
 	if ports, _ := os.ReadDir("/sys/class/net/" + apiNetBridge + "/brif"); len(ports) != 0 {
 		t.Errorf("bridge ports left after every sandbox was deleted: %v", ports)
 	}
-	leases, _ := filepath.Glob(filepath.Join(d.dir, "cni-cache", "ipam", apiNetName, "10.97.*"))
+	leases, _ := filepath.Glob(filepath.Join(d.Dir, "cni-cache", "ipam", apiNetName, "10.97.*"))
 	if len(leases) != 0 {
 		t.Errorf("address leases left: %v", leases)
 	}
@@ -213,12 +213,12 @@ func httpGet(url string) (string, error) {
 
 // cubeRemove removes container id of cube-api's namespace (a clone of its
 // sandbox made by `cube fork`), task first; a missing one is fine.
-func (d *daemons) cubeRemove(t *testing.T, id string) {
+func (d *Daemons) cubeRemove(t *testing.T, id string) {
 	ctr := func(args ...string) (string, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, ctrBin, append([]string{"--address", d.dir + "/containerd.sock", "--namespace", apiNamespace}, args...)...)
-		cmd.Env, cmd.WaitDelay = d.env, 10*time.Second
+		cmd := exec.CommandContext(ctx, CtrBin, append([]string{"--address", d.Dir + "/containerd.sock", "--namespace", apiNamespace}, args...)...)
+		cmd.Env, cmd.WaitDelay = d.Env, 10*time.Second
 		out, err := cmd.CombinedOutput()
 		return string(out), err
 	}

@@ -26,7 +26,7 @@ import (
 // exited 10 or was killed, or the agent never answered) is taken again,
 // counted and left out of the median (benchloss).
 func BenchmarkCtrRunTrue(b *testing.B) {
-	d := startDaemons(b)
+	d := StartDaemons(b)
 	medians := map[string]time.Duration{}
 	lost := map[string]int{}
 	run := func(b *testing.B, loss *benchloss.Counter, name string, args ...string) {
@@ -36,14 +36,14 @@ func BenchmarkCtrRunTrue(b *testing.B) {
 			loss.Stop(b, loss.Sample(fmt.Sprintf("%s run %d", name, len(times)+1), func() error {
 				n++
 				id := fmt.Sprintf("%s%d", name, n) // a fresh sandbox per attempt
-				cargs := append(append([]string{"run", "--rm"}, args...), imageRef, id, "true")
-				from := d.logSize()
+				cargs := append(append([]string{"run", "--rm"}, args...), ImageRef, id, "true")
+				from := d.LogSize()
 				start := time.Now()
-				out, rc, err := d.ctrQuiet(nil, cargs...)
+				out, rc, err := d.CtrQuiet(nil, cargs...)
 				took := time.Since(start)
 				if err != nil || rc != 0 {
-					d.forget(id)
-					return d.ctrFailure(cargs, out, rc, err, from)
+					d.Forget(id)
+					return d.CtrFailure(cargs, out, rc, err, from)
 				}
 				times = append(times, took)
 				return nil
@@ -51,7 +51,7 @@ func BenchmarkCtrRunTrue(b *testing.B) {
 		}
 		lost[name] = loss.N()
 		if len(times) > 0 {
-			m := median(times)
+			m := Median(times)
 			medians[name] = m
 			b.ReportMetric(float64(m.Microseconds())/1000, "median-ms")
 			b.Logf("%s: %d runs, median %v, min %v, max %v", name, len(times), m, slices.Min(times), slices.Max(times))
@@ -67,7 +67,7 @@ func BenchmarkCtrRunTrue(b *testing.B) {
 		if _, err := os.Stat("/cube/bin/runc"); err != nil {
 			b.Skip("runc not in the test host (not found on the machine)")
 		}
-		run(b, benchloss.New(b), "runc", runcRuntime.args...)
+		run(b, benchloss.New(b), "runc", RuncRuntime.Args...)
 	})
 	fmt.Print(runTable(medians, lost))
 }
@@ -100,43 +100,31 @@ func runTable(medians map[string]time.Duration, lost map[string]int) string {
 	return t.String()
 }
 
-func median(ds []time.Duration) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
 // coldRuntime returns the ctr run flags for io.cube.v1 with templates off
 // (`templates = false`): every sandbox cold-boots.
-func (d *daemons) coldRuntime(tb testing.TB) []string {
-	conf := filepath.Join(d.dir, "shim-cold.toml")
-	body := fmt.Sprintf(shimConfig, cubeVMM, guestKernel, guestInitrd, d.dir) + "templates = false\n"
+func (d *Daemons) coldRuntime(tb testing.TB) []string {
+	conf := filepath.Join(d.Dir, "shim-cold.toml")
+	body := fmt.Sprintf(ShimConfig, CubeVMM, GuestKernel, GuestInitrd, d.Dir) + "templates = false\n"
 	if err := os.WriteFile(conf, []byte(body), 0o644); err != nil {
 		tb.Fatal(err)
 	}
-	return append([]string{"--runtime-config-path", conf}, cubeRuntime.args...)
+	return append([]string{"--runtime-config-path", conf}, CubeRuntime.Args...)
 }
 
 // templateRuntime returns the ctr run flags for io.cube.v1 with the default
 // configuration (automatic templates), after one untimed probe run that
 // makes the template if no earlier run did (docs/shim.md, "Templates"). A
 // probe sandbox that is lost is run again (loss).
-func (d *daemons) templateRuntime(b *testing.B, loss *benchloss.Counter) []string {
-	args := cubeRuntime.args
+func (d *Daemons) templateRuntime(b *testing.B, loss *benchloss.Counter) []string {
+	args := CubeRuntime.Args
 	loss.Stop(b, loss.Sample("template probe run", func() error {
-		cargs := append(append([]string{"run", "--rm"}, args...), imageRef, "probe", "true")
-		from := d.logSize()
+		cargs := append(append([]string{"run", "--rm"}, args...), ImageRef, "probe", "true")
+		from := d.LogSize()
 		start := time.Now()
-		out, rc, err := d.ctrQuiet(nil, cargs...)
+		out, rc, err := d.CtrQuiet(nil, cargs...)
 		if err != nil || rc != 0 {
-			d.forget("probe")
-			return d.ctrFailure(cargs, out, rc, err, from)
+			d.Forget("probe")
+			return d.CtrFailure(cargs, out, rc, err, from)
 		}
 		log := d.logFrom(from)
 		if !strings.Contains(log, logRestoring) {
@@ -154,7 +142,7 @@ func (d *daemons) templateRuntime(b *testing.B, loss *benchloss.Counter) []strin
 // fixed budget, and prints how many fit and what each costs beyond its
 // guest's own memory. Run with -benchtime 1x: the fill is the measurement.
 func BenchmarkCtrDensity(b *testing.B) {
-	d := startDaemons(b)
+	d := StartDaemons(b)
 	b.Run("cold", func(b *testing.B) { d.density(b, benchloss.New(b), "cold", d.coldRuntime(b)) })
 	b.Run("template", func(b *testing.B) {
 		loss := benchloss.New(b)
@@ -168,12 +156,12 @@ const (
 	densityMaxBoxes  = 40 // a bound on the run time should the footprint be tiny
 )
 
-func (d *daemons) density(b *testing.B, loss *benchloss.Counter, name string, args []string) {
+func (d *Daemons) density(b *testing.B, loss *benchloss.Counter, name string, args []string) {
 	const budgetMiB, maxBoxes = densityBudgetMiB, densityMaxBoxes
 	var ids []string
 	defer func() {
 		for _, id := range ids {
-			d.forget(id)
+			d.Forget(id)
 		}
 	}()
 	memBefore := memAvailableKiB()
@@ -185,7 +173,7 @@ func (d *daemons) density(b *testing.B, loss *benchloss.Counter, name string, ar
 	n := len(ids)
 	memDrop := memBefore - memAvailableKiB()
 	per := func(kib int64) float64 { return float64(kib) / 1024 / float64(n) }
-	cfg, _ := config.Parse(fmt.Appendf(nil, shimConfig, cubeVMM, guestKernel, guestInitrd, d.dir))
+	cfg, _ := config.Parse(fmt.Appendf(nil, ShimConfig, CubeVMM, GuestKernel, GuestInitrd, d.Dir))
 	overhead := per(total.vmmOtherKiB + total.shimKiB)
 	fits := int(float64(budgetMiB) / (float64(total.totalKiB()) / 1024 / float64(n)))
 	b.ReportMetric(float64(fits), "sandboxes/GiB")
@@ -214,7 +202,7 @@ func (d *daemons) density(b *testing.B, loss *benchloss.Counter, name string, ar
 // fill starts idle sandboxes until their footprint reaches the budget (or the cap), and returns it and why
 // the fill ended early, if it did (a sandbox that failed to start, past the first: the fill is the measure).
 // A sandbox whose VM is lost is removed, counted and started again under a new id.
-func (d *daemons) fill(b *testing.B, loss *benchloss.Counter, name string, args []string, ids *[]string) (footprint, string) {
+func (d *Daemons) fill(b *testing.B, loss *benchloss.Counter, name string, args []string, ids *[]string) (footprint, string) {
 	var total footprint
 	for n := 0; len(*ids) < densityMaxBoxes && total.totalKiB() < densityBudgetMiB*1024; {
 		var started string
@@ -231,7 +219,7 @@ func (d *daemons) fill(b *testing.B, loss *benchloss.Counter, name string, args 
 				b.Fatal(err)
 			}
 			// Report what fit so far, and why the next one did not.
-			stopped := fmt.Sprintf("sandbox %d failed to start: %s", len(*ids)+1, firstLine(err.Error()))
+			stopped := fmt.Sprintf("sandbox %d failed to start: %s", len(*ids)+1, FirstLine(err.Error()))
 			b.Log(stopped)
 			return total, stopped
 		}
@@ -246,28 +234,23 @@ func (d *daemons) fill(b *testing.B, loss *benchloss.Counter, name string, args 
 // startIdle starts sandbox id (`ctr run -d … sleep`) and lets it settle (the guest finished booting and the
 // container started; idle from here on); a sandbox that failed or no longer runs is removed, with its failure
 // classified (benchloss.Sandbox).
-func (d *daemons) startIdle(id string, args []string) error {
-	cargs := append(append([]string{"run", "-d"}, args...), imageRef, id, "sleep", "100000")
-	from := d.logSize()
-	out, rc, err := d.ctrQuiet(nil, cargs...)
+func (d *Daemons) startIdle(id string, args []string) error {
+	cargs := append(append([]string{"run", "-d"}, args...), ImageRef, id, "sleep", "100000")
+	from := d.LogSize()
+	out, rc, err := d.CtrQuiet(nil, cargs...)
 	if err != nil || rc != 0 {
-		d.forget(id)
-		return d.ctrFailure(cargs, out, rc, err, from)
+		d.Forget(id)
+		return d.CtrFailure(cargs, out, rc, err, from)
 	}
 	time.Sleep(2 * time.Second)
-	ls, _, _ := d.ctrQuiet(nil, "task", "ls")
+	ls, _, _ := d.CtrQuiet(nil, "task", "ls")
 	for _, l := range strings.Split(ls, "\n") {
 		if f := strings.Fields(l); len(f) == 3 && f[0] == id && f[2] == "RUNNING" {
 			return nil
 		}
 	}
-	d.forget(id)
-	return d.ctrFailure([]string{"task", "ls"}, fmt.Sprintf("sandbox %s is not running after it started:\n%s", id, ls), 1, nil, from)
-}
-
-func firstLine(s string) string {
-	l, _, _ := strings.Cut(s, "\n")
-	return l
+	d.Forget(id)
+	return d.CtrFailure([]string{"task", "ls"}, fmt.Sprintf("sandbox %s is not running after it started:\n%s", id, ls), 1, nil, from)
 }
 
 // footprint sums PSS (KiB) over sandboxes.
@@ -281,8 +264,8 @@ func (f footprint) totalKiB() int64 { return f.guestKiB + f.vmmOtherKiB + f.shim
 
 // measure reads the PSS of each sandbox's cube-vmm (the task pid) and of its
 // shim (cube-vmm's parent: the shim forks it).
-func (d *daemons) measure(ids []string) (footprint, error) {
-	out, rc, err := d.ctrQuiet(nil, "task", "ls")
+func (d *Daemons) measure(ids []string) (footprint, error) {
+	out, rc, err := d.CtrQuiet(nil, "task", "ls")
 	if err != nil || rc != 0 {
 		return footprint{}, fmt.Errorf("ctr task ls: rc %d %v", rc, err)
 	}

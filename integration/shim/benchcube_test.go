@@ -23,24 +23,24 @@ import (
 // A fork that does not fit the test host (memory) is reported as such and
 // the larger ones are skipped.
 func BenchmarkCube(b *testing.B) {
-	d := startDaemons(b)
+	d := StartDaemons(b)
 	for b.Loop() {
 		var out strings.Builder
 		src, coldPSS := d.benchColdRun(b, &out)
 		srcRemoved := false
 		b.Cleanup(func() {
 			if !srcRemoved {
-				d.remove(b, src)
+				d.Remove(b, src)
 			}
 		})
 		d.benchRestore(b, &out, src)
 		d.benchRollback(b, &out, src)
 		d.benchFork(b, &out, src, coldPSS)
 		// Ordering: the source holds the snapshot it rolled back to until it is gone.
-		d.remove(b, src)
+		d.Remove(b, src)
 		srcRemoved = true
 		for _, ref := range []string{"bench-rb", "bench-fork"} {
-			if o, rc := d.cube(b, "snapshots", "rm", ref); rc != 0 {
+			if o, rc := d.Cube(b, "snapshots", "rm", ref); rc != 0 {
 				b.Errorf("rm %s at the end: rc %d\n%s", ref, rc, o)
 			}
 		}
@@ -53,60 +53,60 @@ const benchRollbackRounds = 3
 // benchColdRun cold-boots two sandboxes with `ctr run -d` (the first stays:
 // the source of the other parts), prints their times, and returns the
 // source's id and a cold-booted sandbox's cube-vmm PSS (KiB).
-func (d *daemons) benchColdRun(b *testing.B, out *strings.Builder) (string, int64) {
+func (d *Daemons) benchColdRun(b *testing.B, out *strings.Builder) (string, int64) {
 	var times []time.Duration
 	var pss int64
 	src := ""
 	for i := range 2 {
 		id := fmt.Sprintf("bench-cold%d", i)
-		args := append(append([]string{"run", "-d"}, cubeRuntime.args...), imageRef, id, "sh", "-c", counterScript)
+		args := append(append([]string{"run", "-d"}, CubeRuntime.Args...), ImageRef, id, "sh", "-c", CounterScript)
 		start := time.Now()
-		o, rc, err := d.ctrQuiet(nil, args...)
+		o, rc, err := d.CtrQuiet(nil, args...)
 		if err != nil || rc != 0 {
 			b.Fatalf("ctr run -d %s: rc %d %v\n%s", id, rc, err, o)
 		}
 		times = append(times, time.Since(start))
-		tk := d.waitStatus(b, id, "RUNNING", time.Minute)
-		d.counterAbove(b, id, 0)
+		tk := d.WaitStatus(b, id, "RUNNING", time.Minute)
+		d.CounterAbove(b, id, 0)
 		if i == 0 {
 			src = id
 			continue
 		}
 		time.Sleep(2 * time.Second) // settled: booted, the counter running
-		pss = pssKiB(b, tk.pid)
-		d.remove(b, id)
+		pss = pssKiB(b, tk.PID)
+		d.Remove(b, id)
 	}
 	fmt.Fprintf(out, "\n### cold `ctr run -d` vs `ctr containers restore --live` (wall of the ctr command)\n\n")
 	fmt.Fprintf(out, "| op | samples | median | min | max |\n|---|---|---|---|---|\n")
-	fmt.Fprintf(out, "| cold `ctr run -d` (boot + start) | %d | %v | %v | %v |\n", len(times), ms(median(times)), ms(minDur(times)), ms(maxDur(times)))
+	fmt.Fprintf(out, "| cold `ctr run -d` (boot + start) | %d | %v | %v | %v |\n", len(times), ms(Median(times)), ms(minDur(times)), ms(maxDur(times)))
 	return src, pss
 }
 
 // benchRestore checkpoints src (`ctr containers checkpoint --task`) and
 // restores it twice under new ids, timing `ctr containers restore --live`.
-func (d *daemons) benchRestore(b *testing.B, out *strings.Builder, src string) {
+func (d *Daemons) benchRestore(b *testing.B, out *strings.Builder, src string) {
 	const ref = "docker.io/e2e/bench-checkpoint:1"
 	start := time.Now()
-	if o, rc, err := d.ctrQuiet(nil, "containers", "checkpoint", "--task", "--rw", src, ref); err != nil || rc != 0 {
+	if o, rc, err := d.CtrQuiet(nil, "containers", "checkpoint", "--task", "--rw", src, ref); err != nil || rc != 0 {
 		b.Fatalf("ctr containers checkpoint --task: rc %d %v\n%s", rc, err, o)
 	}
 	ckpt := time.Since(start)
-	b.Cleanup(func() { d.ctrQuiet(nil, "images", "rm", "--sync", ref) })
-	d.waitStatus(b, src, "RUNNING", 10*time.Second)
+	b.Cleanup(func() { d.CtrQuiet(nil, "images", "rm", "--sync", ref) })
+	d.WaitStatus(b, src, "RUNNING", 10*time.Second)
 	var times []time.Duration
 	for i := range 2 {
 		id := fmt.Sprintf("bench-restored%d", i)
 		start := time.Now()
-		o, rc, err := d.ctrQuiet(nil, "containers", "restore", "--live", "--rw", id, ref)
+		o, rc, err := d.CtrQuiet(nil, "containers", "restore", "--live", "--rw", id, ref)
 		if err != nil || rc != 0 {
 			b.Fatalf("ctr containers restore --live %s: rc %d %v\n%s", id, rc, err, o)
 		}
 		times = append(times, time.Since(start))
-		d.waitStatus(b, id, "RUNNING", time.Minute)
-		d.counterAbove(b, id, 0)
-		d.remove(b, id)
+		d.WaitStatus(b, id, "RUNNING", time.Minute)
+		d.CounterAbove(b, id, 0)
+		d.Remove(b, id)
 	}
-	fmt.Fprintf(out, "| `ctr containers restore --live --rw` (restore + start) | %d | %v | %v | %v |\n", len(times), ms(median(times)), ms(minDur(times)), ms(maxDur(times)))
+	fmt.Fprintf(out, "| `ctr containers restore --live --rw` (restore + start) | %d | %v | %v | %v |\n", len(times), ms(Median(times)), ms(minDur(times)), ms(maxDur(times)))
 	fmt.Fprintf(out, "\n(`ctr containers checkpoint --task --rw` took %v)\n", ms(ckpt))
 }
 
@@ -127,14 +127,14 @@ type rolledBackJSON struct {
 // benchRollback takes one snapshot of src and rolls back to it
 // benchRollbackRounds times: the CLI's wall, the shim's total and the
 // cube-vmm op's own figures, each round's median.
-func (d *daemons) benchRollback(b *testing.B, out *strings.Builder, src string) {
-	d.cubeJSON(b, "snapshot", src, "--name", "bench-rb", "--json")
+func (d *Daemons) benchRollback(b *testing.B, out *strings.Builder, src string) {
+	d.CubeJSON(b, "snapshot", src, "--name", "bench-rb", "--json")
 	var wall, shim, vmm, prep, frozen, reconn, recon []time.Duration
 	mem := map[string]int{}
 	for range benchRollbackRounds {
-		d.counterAbove(b, src, 0)
+		d.CounterAbove(b, src, 0)
 		start := time.Now()
-		o, e, rc := d.cubeRun(b, "rollback", src, "bench-rb", "--json")
+		o, e, rc := d.CubeRun(b, "rollback", src, "bench-rb", "--json")
 		took := time.Since(start)
 		var rb rolledBackJSON
 		if rc != 0 || json.Unmarshal([]byte(o), &rb) != nil {
@@ -153,13 +153,13 @@ func (d *daemons) benchRollback(b *testing.B, out *strings.Builder, src string) 
 	}
 	fmt.Fprintf(out, "\n### rollback in place to the VM's parent snapshot (%d rounds, medians; memory %v)\n\n", benchRollbackRounds, mem)
 	fmt.Fprintf(out, "| measure | median | vs the cube-vmm op |\n|---|---|---|\n")
-	v := median(vmm)
+	v := Median(vmm)
 	row := func(name string, ds []time.Duration) {
 		r := ""
 		if v > 0 {
-			r = fmt.Sprintf("%.2fx", float64(median(ds))/float64(v))
+			r = fmt.Sprintf("%.2fx", float64(Median(ds))/float64(v))
 		}
-		fmt.Fprintf(out, "| %s | %v | %s |\n", name, ms(median(ds)), r)
+		fmt.Fprintf(out, "| %s | %v | %s |\n", name, ms(Median(ds)), r)
 	}
 	row("`cube rollback` wall (CLI process, containerd lookup, store, shim)", wall)
 	row("shim Rollback RPC total", shim)
@@ -169,16 +169,16 @@ func (d *daemons) benchRollback(b *testing.B, out *strings.Builder, src string) 
 	row("shim: agent reconnect", reconn)
 	row("shim: process reconcile", recon)
 	fmt.Fprintf(out, "\nservice overhead (shim total - cube-vmm op): %v; CLI overhead (wall - shim total): %v\n",
-		ms(median(shim)-v), ms(median(wall)-median(shim)))
+		ms(Median(shim)-v), ms(Median(wall)-Median(shim)))
 }
 
 // benchFork forks src into 1, 4 and 8 clones and restores the same number
 // from one snapshot with `cube restore`, with each clone's cube-vmm PSS.
-func (d *daemons) benchFork(b *testing.B, out *strings.Builder, src string, coldPSS int64) {
+func (d *Daemons) benchFork(b *testing.B, out *strings.Builder, src string, coldPSS int64) {
 	fmt.Fprintf(out, "\n### fork vs separate restores, host memory per clone (PSS of cube-vmm, smaps_rollup)\n\n")
 	fmt.Fprintf(out, "cold-booted sandbox (`ctr run -d`, settled): cube-vmm PSS %.1f MiB\n\n", float64(coldPSS)/1024)
 	fmt.Fprintf(out, "| N | op | wall | per clone | PSS per clone | PSS per clone vs cold |\n|---|---|---|---|---|---|\n")
-	snap := d.cubeJSON(b, "snapshot", src, "--name", "bench-fork", "--json")
+	snap := d.CubeJSON(b, "snapshot", src, "--name", "bench-fork", "--json")
 	for _, n := range []int{1, 4, 8} {
 		forkRow, ok := d.benchForkN(b, src, n, coldPSS)
 		fmt.Fprint(out, forkRow)
@@ -199,14 +199,14 @@ func (d *daemons) benchFork(b *testing.B, out *strings.Builder, src string, cold
 
 // benchForkN is `cube fork src -n n` and its row; ok is false when the fork
 // failed (the row says why).
-func (d *daemons) benchForkN(b *testing.B, src string, n int, coldPSS int64) (string, bool) {
+func (d *Daemons) benchForkN(b *testing.B, src string, n int, coldPSS int64) (string, bool) {
 	prefix := fmt.Sprintf("bench-f%d", n)
 	start := time.Now()
-	o, e, rc := d.cubeRun(b, "fork", src, "-n", strconv.Itoa(n), "--prefix", prefix, "--all-or-nothing", "--json")
+	o, e, rc := d.CubeRun(b, "fork", src, "-n", strconv.Itoa(n), "--prefix", prefix, "--all-or-nothing", "--json")
 	took := time.Since(start)
 	var f forked
 	if rc != 0 || json.Unmarshal([]byte(o), &f) != nil || len(f.Clones) != n {
-		why := firstLine(strings.TrimSpace(e + o))
+		why := FirstLine(strings.TrimSpace(e + o))
 		return fmt.Sprintf("| %d | `cube fork -n %d` failed: %s | | | | |\n", n, n, why), false
 	}
 	var ids []string
@@ -215,26 +215,26 @@ func (d *daemons) benchForkN(b *testing.B, src string, n int, coldPSS int64) (st
 	}
 	pss := d.settledPSS(b, ids)
 	for _, id := range ids {
-		d.remove(b, id)
+		d.Remove(b, id)
 	}
 	return memRow(n, fmt.Sprintf("`cube fork -n %d`", n), took, pss, coldPSS), true
 }
 
 // benchRestoreN is n `cube restore`s of bench-fork, one after another, and
 // its row.
-func (d *daemons) benchRestoreN(b *testing.B, n int, coldPSS int64) (string, bool) {
+func (d *Daemons) benchRestoreN(b *testing.B, n int, coldPSS int64) (string, bool) {
 	var ids []string
 	defer func() {
 		for _, id := range ids {
-			d.remove(b, id)
+			d.Remove(b, id)
 		}
 	}()
 	start := time.Now()
 	for i := range n {
 		id := fmt.Sprintf("bench-r%d-%d", n, i+1)
-		if o, e, rc := d.cubeRun(b, "restore", "bench-fork", id, "--quiet"); rc != 0 {
-			d.forget(id)
-			return fmt.Sprintf("| %d | restore %d of %d failed: %s | | | | |\n", n, i+1, n, firstLine(strings.TrimSpace(e+o))), false
+		if o, e, rc := d.CubeRun(b, "restore", "bench-fork", id, "--quiet"); rc != 0 {
+			d.Forget(id)
+			return fmt.Sprintf("| %d | restore %d of %d failed: %s | | | | |\n", n, i+1, n, FirstLine(strings.TrimSpace(e+o))), false
 		}
 		ids = append(ids, id)
 	}
@@ -244,16 +244,16 @@ func (d *daemons) benchRestoreN(b *testing.B, n int, coldPSS int64) (string, boo
 
 // settledPSS waits until every sandbox in ids counts again and returns
 // their cube-vmm processes' PSS (KiB).
-func (d *daemons) settledPSS(b *testing.B, ids []string) []int64 {
+func (d *Daemons) settledPSS(b *testing.B, ids []string) []int64 {
 	for _, id := range ids {
-		d.waitStatus(b, id, "RUNNING", time.Minute)
-		d.counterAbove(b, id, 0)
+		d.WaitStatus(b, id, "RUNNING", time.Minute)
+		d.CounterAbove(b, id, 0)
 	}
 	time.Sleep(2 * time.Second)
-	tasks := d.tasks(b)
+	tasks := d.Tasks(b)
 	var pss []int64
 	for _, id := range ids {
-		pss = append(pss, pssKiB(b, tasks[id].pid))
+		pss = append(pss, pssKiB(b, tasks[id].PID))
 	}
 	return pss
 }

@@ -15,18 +15,6 @@ import (
 	"github.com/cube-runtime/cube/shim/task"
 )
 
-// Paths inside the test host for the CRI test.
-const (
-	crictlBin = "/cube/bin/crictl"
-	// criContribConfig is contrib/containerd/cube-runtime.toml, imported
-	// as it is by the test's containerd config: what users install is what
-	// is tested (proxy snapshotter socket, CRI handler "cube").
-	criContribConfig = "/cube/contrib/cube-runtime.toml"
-	// The contrib config's snapshotter socket (cube-snapshotter's default).
-	criSnapshotterSock = "/run/cube-snapshotter/snapshotter.sock"
-	pauseImageRef      = "docker.io/cube/pause:latest"
-)
-
 // criContainerdConfig is containerd with the CRI plugin on and the contrib
 // snippet imported; the pinned sandbox image is a local one (no registry).
 const criContainerdConfig = `version = 3
@@ -50,10 +38,10 @@ disabled_plugins = [
   socket_dir = "%[1]s/s"
 
 [plugins."io.containerd.cri.v1.images".pinned_images]
-  sandbox = "` + pauseImageRef + `"
+  sandbox = "` + PauseImageRef + `"
 
 [plugins."io.containerd.cri.v1.runtime".cni]
-  bin_dirs = ["` + criCNIBinDir + `"]
+  bin_dirs = ["` + CNIBinDir + `"]
   conf_dir = "%[1]s/net.d"
 `
 
@@ -103,11 +91,11 @@ func (c *criEnv) run(bin string, args ...string) (string, error) {
 func (c *criEnv) crictl(args ...string) (string, error) {
 	sock := "unix://" + c.dir + "/containerd.sock"
 	// crictl's default timeout (2 s) is shorter than a VM boot in the test host.
-	return c.run(crictlBin, append([]string{"--runtime-endpoint", sock, "--image-endpoint", sock, "--timeout", "300s"}, args...)...)
+	return c.run(CrictlBin, append([]string{"--runtime-endpoint", sock, "--image-endpoint", sock, "--timeout", "300s"}, args...)...)
 }
 
 func (c *criEnv) ctr(args ...string) (string, error) {
-	return c.run(ctrBin, append([]string{"--address", c.dir + "/containerd.sock", "--namespace", "k8s.io"}, args...)...)
+	return c.run(CtrBin, append([]string{"--address", c.dir + "/containerd.sock", "--namespace", "k8s.io"}, args...)...)
 }
 
 // cubeVMMs lists the pids of running cube-vmm processes.
@@ -138,12 +126,12 @@ func procsNamed(name string) []int {
 // containerd with its CRI plugin, and imports the e2e and pause images into
 // the k8s.io namespace (unpacked into the cube snapshotter).
 func startCRI(t *testing.T) *criEnv {
-	for _, p := range []string{containerdBin, ctrBin, crictlBin} {
+	for _, p := range []string{ContainerdBin, CtrBin, CrictlBin} {
 		if _, err := os.Stat(p); err != nil {
 			t.Skipf("%s not in the test host: it was not found on the machine (.ci/install.d/containerd.sh installs containerd, ctr and crictl)", filepath.Base(p))
 		}
 	}
-	if _, err := os.Stat(criContribConfig); err != nil {
+	if _, err := os.Stat(CRIContribConfig); err != nil {
 		t.Fatalf("contrib config not in the test host: %v", err)
 	}
 	dir, err := os.MkdirTemp("/tmp", "cri") // short: Unix socket paths
@@ -152,7 +140,7 @@ func startCRI(t *testing.T) *criEnv {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	c := &criEnv{t: t, dir: dir, env: append(os.Environ(), "PATH=/cube/bin:"+os.Getenv("PATH"))}
-	dumpConsolesOnFailure(t, dir, 60)
+	DumpConsolesOnFailure(t, dir, 60)
 
 	// CRI copies the host's /etc/hosts and /etc/resolv.conf into each pod;
 	// the test host's root has neither. The streaming server (crictl exec)
@@ -170,22 +158,22 @@ func startCRI(t *testing.T) *criEnv {
 
 	// Ordering: the CNI config is in place before containerd starts (its CRI loads it then).
 	c.podNet = criPodNetwork(t, c)
-	writeShimConfig(t, dir)
-	if err := os.MkdirAll(filepath.Dir(criSnapshotterSock), 0o755); err != nil {
+	WriteShimConfig(t, dir)
+	if err := os.MkdirAll(filepath.Dir(CRISnapshotterSock), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	startSnapshotter(t, dir, c.env, criSnapshotterSock)
+	StartSnapshotter(t, dir, c.env, CRISnapshotterSock)
 
 	conf := filepath.Join(dir, "config.toml")
-	os.WriteFile(conf, fmt.Appendf(nil, criContainerdConfig, dir, criContribConfig), 0o600)
+	os.WriteFile(conf, fmt.Appendf(nil, criContainerdConfig, dir, CRIContribConfig), 0o600)
 	cdLog, _ := os.Create(filepath.Join(dir, "containerd.log"))
-	cd := exec.Command(containerdBin, "--config", conf, "--log-level", "debug")
+	cd := exec.Command(ContainerdBin, "--config", conf, "--log-level", "debug")
 	cd.Env, cd.Stdout, cd.Stderr = c.env, cdLog, cdLog
 	cd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { stop(t, cd, filepath.Join(dir, "containerd.log")) })
+	t.Cleanup(func() { Stop(t, cd, filepath.Join(dir, "containerd.log")) })
 
 	deadline := time.Now().Add(60 * time.Second)
 	for {
@@ -198,7 +186,7 @@ func startCRI(t *testing.T) *criEnv {
 		time.Sleep(time.Second)
 	}
 
-	pause, err := ociImageTar("/bin/busybox", pauseImageRef, []string{"sleep"}, "/bin/sleep", "2147483647")
+	pause, err := OCIImageTar("/bin/busybox", PauseImageRef, []string{"sleep"}, "/bin/sleep", "2147483647")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +194,7 @@ func startCRI(t *testing.T) *criEnv {
 	if err := os.WriteFile(pauseTar, pause, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for _, tar := range []string{imageTar, pauseTar} {
+	for _, tar := range []string{ImageTar, pauseTar} {
 		if _, err := c.ctr("images", "import", "--snapshotter", "cube", tar); err != nil {
 			t.Fatal(err)
 		}
@@ -307,7 +295,7 @@ func TestCRIPodTwoContainersOneVM(t *testing.T) {
 	createStart := func(name string) string {
 		t.Helper()
 		cj := filepath.Join(c.dir, name+".json")
-		os.WriteFile(cj, fmt.Appendf(nil, netMode(criContainerConfig), name, imageRef), 0o644)
+		os.WriteFile(cj, fmt.Appendf(nil, netMode(criContainerConfig), name, ImageRef), 0o644)
 		start := time.Now()
 		out, err := c.crictl("create", pod, cj, podJSON)
 		if err != nil {

@@ -57,7 +57,7 @@ func TestCRICheckpointPodVM(t *testing.T) {
 		c.crictl("rmp", "-f", pod)
 	})
 	cj := filepath.Join(c.dir, "counter.json")
-	cconf := fmt.Sprintf(criCounterConfig, "counter", imageRef, counterScript)
+	cconf := fmt.Sprintf(criCounterConfig, "counter", ImageRef, CounterScript)
 	if c.podNet {
 		cconf = withPodNetwork(cconf)
 	}
@@ -147,7 +147,7 @@ func TestCRICheckpointPodVM(t *testing.T) {
 		// tap of its own; this one leads nowhere, which the counter does not mind.
 		args = append(args, "-net", "tap="+taptest.Make(t, "ckpt", 0))
 	}
-	vmm := vmmrun.Start(t, cubeVMM, append(args, snapDir)...)
+	vmm := vmmrun.Start(t, CubeVMM, append(args, snapDir)...)
 	agent := dialAgent(t, rdir+"/vsock.sock", vmm)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -13,12 +13,6 @@ import (
 	"time"
 )
 
-// The CRI pod's network: Debian's containernetworking-plugins (bridge +
-// host-local + loopback) copied into the test host when the machine has them.
-const criCNIBinDir = "/cube/cni/bin"
-
-var criCNIPlugins = []string{"bridge", "host-local", "loopback"}
-
 // The pod network: a bridge in the test host with the gateway address, so
 // the test (in the test host's namespace) reaches pod IPs directly. No NAT
 // (ipMasq): nothing leaves the test host.
@@ -35,8 +29,8 @@ const (
 // (a missing one fails the test: CI installs them). It reports true: the
 // pod gets a CNI network.
 func criPodNetwork(t *testing.T, c *criEnv) bool {
-	for _, p := range criCNIPlugins {
-		if _, err := os.Stat(filepath.Join(criCNIBinDir, p)); err != nil {
+	for _, p := range CNIPlugins {
+		if _, err := os.Stat(filepath.Join(CNIBinDir, p)); err != nil {
 			t.Fatalf("CNI plugin %s not in the test host: the machine lacks Debian's containernetworking-plugins (install it: bash .ci/install.d/containerd.sh, or apt install containernetworking-plugins)", p)
 		}
 	}

@@ -1,208 +1,21 @@
 package shim
 
 import (
-	"context"
-	"errors"
-	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
-
-const containerdConfig = `version = 3
-root = "%[1]s/root"
-state = "%[1]s/state"
-temp = "%[1]s/tmp"
-imports = []
-disabled_plugins = [
-  "io.containerd.grpc.v1.cri",
-  "io.containerd.cri.v1.images",
-  "io.containerd.cri.v1.runtime",
-  "io.containerd.nri.v1.nri",
-  "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.snapshotter.v1.devmapper",
-]
-
-[grpc]
-  address = "%[1]s/containerd.sock"
-[ttrpc]
-  address = "%[1]s/containerd.sock.ttrpc"
-
-[proxy_plugins.cube]
-  type = "snapshot"
-  address = "%[1]s/snap.sock"
-
-[plugins."io.containerd.transfer.v1.local"]
-  [[plugins."io.containerd.transfer.v1.local".unpack_config]]
-    platform = "linux/amd64"
-    snapshotter = "cube"
-`
-
-const shimConfig = `vmm = "%s"
-kernel = "%s"
-initrd = "%s"
-cmdline = "console=ttyS0 panic=-1 quiet"
-state_dir = "%s/vms"
-boot_timeout = "5m"
-`
-
-// daemons is containerd (with the cube snapshotter) running in the test host.
-type daemons struct {
-	dir string
-	env []string
-	tb  testing.TB
-	cd  *exec.Cmd // containerd
-}
-
-// startContainerd starts containerd with the config in d.dir (appending to
-// its log, so a restart keeps the first run's lines) and waits until it answers.
-func (d *daemons) startContainerd() error {
-	cdLog, err := os.OpenFile(filepath.Join(d.dir, "containerd.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
-		return err
-	}
-	defer cdLog.Close() // the child has its own copy
-	cd := exec.Command(containerdBin, "--config", filepath.Join(d.dir, "config.toml"), "--log-level", "debug")
-	cd.Env, cd.Stdout, cd.Stderr = d.env, cdLog, cdLog
-	cd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cd.Start(); err != nil {
-		return fmt.Errorf("start containerd: %w", err)
-	}
-	d.cd = cd
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		if _, rc, err := d.ctrQuiet(nil, "version"); err == nil && rc == 0 {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return errors.New("containerd did not come up in 60s")
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
-// startDaemons starts cube-snapshotter and containerd 2.4.2, writes the
-// shim's config, and imports the busybox image; cleanups stop them.
-func startDaemons(tb testing.TB) *daemons {
-	for _, p := range []string{containerdBin, ctrBin} {
-		if _, err := os.Stat(p); err != nil {
-			tb.Skipf("%s not in the test host: containerd 2.4.2 and ctr were not found on the machine (.ci/install.d/containerd.sh installs them)", filepath.Base(p))
-		}
-	}
-	dir, err := os.MkdirTemp("/tmp", "ctrd") // short: Unix socket paths
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { os.RemoveAll(dir) })
-	dumpConsolesOnFailure(tb, dir, 40)
-	d := &daemons{dir: dir, tb: tb, env: append(os.Environ(), "PATH=/cube/bin:"+os.Getenv("PATH"))}
-	writeShimConfig(tb, dir)
-	startSnapshotter(tb, dir, d.env, dir+"/snap.sock")
-
-	os.WriteFile(filepath.Join(dir, "config.toml"), fmt.Appendf(nil, containerdConfig, dir), 0o600)
-	// d.cd at cleanup time, not now: TestCtrTasks restarts containerd.
-	tb.Cleanup(func() {
-		if d.cd != nil {
-			stop(tb, d.cd, filepath.Join(dir, "containerd.log"))
-		}
-	})
-	if err := d.startContainerd(); err != nil {
-		tb.Fatal(err)
-	}
-	if _, rc, err := d.ctr("images", "import", imageTar); err != nil || rc != 0 {
-		tb.Fatalf("import for overlayfs: rc %d %v", rc, err)
-	}
-	if _, rc, err := d.ctr("images", "import", "--snapshotter", "cube", imageTar); err != nil || rc != 0 {
-		tb.Fatalf("import: rc %d %v", rc, err)
-	}
-	return d
-}
-
-// dumpConsolesOnFailure shows, when the test failed, the tail of every sandbox VM's console under dir: a
-// guest that did not come up says why there.
-func dumpConsolesOnFailure(tb testing.TB, dir string, lines int) {
-	tb.Cleanup(func() {
-		if !tb.Failed() {
-			return
-		}
-		logs, _ := filepath.Glob(filepath.Join(dir, "vms", "*", "console.log"))
-		for _, l := range logs {
-			if b, err := os.ReadFile(l); err == nil {
-				tb.Logf("%s (tail):\n%s", l, lastLines(string(b), lines))
-			}
-		}
-	})
-}
-
-// writeShimConfig writes the shim's default config file with its state under dir.
-func writeShimConfig(tb testing.TB, dir string) {
-	if err := os.MkdirAll("/etc/cube", 0o755); err != nil {
-		tb.Fatal(err)
-	}
-	if err := os.WriteFile("/etc/cube/shim.toml", fmt.Appendf(nil, shimConfig, cubeVMM, guestKernel, guestInitrd, dir), 0o644); err != nil {
-		tb.Fatal(err)
-	}
-}
-
-// startSnapshotter starts cube-snapshotter with its root under dir, serving on sock; a cleanup stops it.
-func startSnapshotter(tb testing.TB, dir string, env []string, sock string) {
-	snapConf := filepath.Join(dir, "snap.toml")
-	os.WriteFile(snapConf, fmt.Appendf(nil, "root = %q\naddress = %q\n[image]\ndefault_size = \"64MiB\"\n", dir+"/snaproot", sock), 0o644)
-	snapLog, _ := os.Create(filepath.Join(dir, "snap.log"))
-	snap := exec.Command(snapshotterBin, "--config", snapConf)
-	snap.Env, snap.Stdout, snap.Stderr = env, snapLog, snapLog
-	if err := snap.Start(); err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { stop(tb, snap, filepath.Join(dir, "snap.log")) })
-}
-
-// ctr runs ctr against the daemon; a non-zero exit is rc, not an error.
-func (d *daemons) ctr(args ...string) (string, int, error) {
-	out, rc, err := d.ctrQuiet(nil, args...)
-	if _, ok := d.tb.(*testing.T); ok {
-		d.tb.Logf("ctr %s:\n%s", strings.Join(args, " "), out)
-	}
-	return out, rc, err
-}
-
-// ctrQuiet is ctr with stdin and without logging (for polls).
-func (d *daemons) ctrQuiet(stdin io.Reader, args ...string) (string, int, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cmd := d.ctrCmd(ctx, args...)
-	cmd.Stdin = stdin
-	// If ctr is killed at the deadline but something still holds its output, give up on the output rather
-	// than hang the test.
-	cmd.WaitDelay = 10 * time.Second
-	out, err := cmd.CombinedOutput()
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return string(out), ee.ExitCode(), nil
-	}
-	return string(out), 0, err
-}
-
-func (d *daemons) ctrCmd(ctx context.Context, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, ctrBin, append([]string{"--address", d.dir + "/containerd.sock", "--namespace", "e2e"}, args...)...)
-	cmd.Env = d.env
-	return cmd
-}
 
 // TestCtrRun is the user's path: containerd 2.4.2 with the cube snapshotter
 // and io.cube.v1, `ctr images import`, then `ctr run --rm --runtime
 // io.cube.v1 --snapshotter cube`: output and exit codes come back through
 // containerd, and nothing is left running afterwards.
 func TestCtrRun(t *testing.T) {
-	d := startDaemons(t)
+	d := StartDaemons(t)
 	start := time.Now()
-	out, rc, err := d.ctr("run", "--rm", "--runtime", "io.cube.v1", "--snapshotter", "cube", imageRef, "c1",
+	out, rc, err := d.Ctr("run", "--rm", "--runtime", "io.cube.v1", "--snapshotter", "cube", ImageRef, "c1",
 		"sh", "-c", "echo hello from a microVM; cat /etc/motd")
 	if err != nil || rc != 0 {
 		t.Fatalf("ctr run: rc %d %v", rc, err)
@@ -213,51 +26,22 @@ func TestCtrRun(t *testing.T) {
 			t.Errorf("output lacks %q", want)
 		}
 	}
-	_, rc, err = d.ctr("run", "--rm", "--runtime", "io.cube.v1", "--snapshotter", "cube", imageRef, "c2", "sh", "-c", "exit 7")
+	_, rc, err = d.Ctr("run", "--rm", "--runtime", "io.cube.v1", "--snapshotter", "cube", ImageRef, "c2", "sh", "-c", "exit 7")
 	if err != nil || rc != 7 {
 		t.Fatalf("ctr run exit 7: rc %d %v", rc, err)
 	}
 	// A rootfs from another snapshotter is refused with the way out.
-	out, rc, _ = d.ctr("run", "--rm", "--runtime", "io.cube.v1", imageRef, "c3", "true")
+	out, rc, _ = d.Ctr("run", "--rm", "--runtime", "io.cube.v1", ImageRef, "c3", "true")
 	if rc == 0 || !strings.Contains(out, "--snapshotter cube") {
 		t.Errorf("overlayfs rootfs: rc %d, output lacks the snapshotter hint", rc)
 	}
-	if out, _, _ := d.ctr("tasks", "ls"); strings.Contains(out, "c1") || strings.Contains(out, "c2") {
+	if out, _, _ := d.Ctr("tasks", "ls"); strings.Contains(out, "c1") || strings.Contains(out, "c2") {
 		t.Errorf("tasks left:\n%s", out)
 	}
-	if ents, _ := os.ReadDir(d.dir + "/vms"); len(ents) != 0 {
+	if ents, _ := os.ReadDir(d.Dir + "/vms"); len(ents) != 0 {
 		t.Errorf("sandbox state left: %v", ents)
 	}
-	if b, _ := os.ReadFile(filepath.Join(d.dir, "containerd.log")); strings.Contains(string(b), "namespace is required") {
+	if b, _ := os.ReadFile(filepath.Join(d.Dir, "containerd.log")); strings.Contains(string(b), "namespace is required") {
 		t.Error("an event was published without a namespace")
 	}
-}
-
-// stop ends a daemon by pid and shows its log when the test failed.
-func stop(t testing.TB, cmd *exec.Cmd, logPath string) {
-	cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(20 * time.Second):
-		cmd.Process.Kill()
-		<-done
-	}
-	if t.Failed() {
-		if b, err := os.ReadFile(logPath); err == nil {
-			if len(b) > 30000 {
-				b = b[len(b)-30000:]
-			}
-			t.Logf("%s (tail):\n%s", filepath.Base(logPath), b)
-		}
-	}
-}
-
-func lastLines(s string, n int) string {
-	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(l) > n {
-		l = l[len(l)-n:]
-	}
-	return strings.Join(l, "\n")
 }

@@ -13,7 +13,7 @@ import (
 // options=rbind:ro the guest's write fails and the host directory gets
 // nothing; after --rm the host's files are still there.
 func TestCtrRunBindMount(t *testing.T) {
-	d := startDaemons(t)
+	d := StartDaemons(t)
 	dir, ro := filepath.Join(t.TempDir(), "rw"), filepath.Join(t.TempDir(), "ro")
 	for _, p := range []string{dir, ro} {
 		if err := os.MkdirAll(p, 0o755); err != nil {
@@ -22,10 +22,10 @@ func TestCtrRunBindMount(t *testing.T) {
 	}
 	os.WriteFile(filepath.Join(dir, "in"), []byte("from-the-host\n"), 0o644)
 	os.WriteFile(filepath.Join(ro, "in"), []byte("read-only\n"), 0o644)
-	out, rc, err := d.ctr("run", "--rm", "--runtime", "io.cube.v1", "--snapshotter", "cube",
+	out, rc, err := d.Ctr("run", "--rm", "--runtime", "io.cube.v1", "--snapshotter", "cube",
 		"--mount", "type=bind,src="+dir+",dst=/data,options=rbind:rw",
 		"--mount", "type=bind,src="+ro+",dst=/ro,options=rbind:ro",
-		imageRef, "bind1", "sh", "-c",
+		ImageRef, "bind1", "sh", "-c",
 		"cat /data/in /ro/in; echo from-the-guest > /data/out; if echo x > /ro/out; then echo ro-write-ok; else echo ro-write-refused; fi; sync")
 	if err != nil || rc != 0 {
 		t.Fatalf("ctr run --mount: rc %d %v\n%s", rc, err, out)

@@ -33,232 +33,39 @@ func dialAgent(t *testing.T, uds string, vmm *vmmrun.Process) protocol.AgentServ
 	return cl
 }
 
-// counterScript counts in /count every 100 ms. The file is replaced by a rename, so a reader (cat, or the
-// agent's ReadFile in a restored VM, which may run before the guest's next instruction) never sees it
-// truncated and empty.
-const counterScript = "i=0; while :; do i=$((i+1)); echo $i > /count.new; busybox mv -f /count.new /count; sleep 0.1; done"
-
-// readCounter reads counterScript's /count in container id (a `ctr task exec` of cat).
-func (d *daemons) readCounter(t testing.TB, id string) int {
-	t.Helper()
-	out, rc, err := d.ctrQuiet(nil, "task", "exec", "--exec-id", fmt.Sprintf("c%d", time.Now().UnixNano()), id, "cat", "/count")
-	n, perr := strconv.Atoi(strings.TrimSpace(out))
-	if err != nil || rc != 0 || perr != nil {
-		t.Fatalf("%s: read the counter: rc %d %v %v\n%s", id, rc, err, perr, out)
-	}
-	return n
-}
-
-// runtime is one way to run a container through ctr: io.cube.v1 on the cube
-// snapshotter, or runc on overlayfs as the reference for exit codes and signals.
-type runtime struct {
-	name string
-	args []string // ctr run flags
-}
-
-var (
-	cubeRuntime = runtime{"cube", []string{"--runtime", "io.cube.v1", "--snapshotter", "cube"}}
-	// pivot_root fails when / is the test host's initramfs.
-	runcRuntime = runtime{"runc", []string{"--runtime", "io.containerd.runc.v2", "--no-pivot"}}
-)
-
-// runtimes is io.cube.v1, then runc when the test host has it (every
-// scenario expects the same from both: runc is what "exactly as runc" means).
-func runtimes(t *testing.T) []runtime {
-	if _, err := os.Stat("/cube/bin/runc"); err != nil {
-		t.Log("runc not in the test host (not found on the machine): io.cube.v1 only, no side-by-side comparison")
-		return []runtime{cubeRuntime}
-	}
-	return []runtime{cubeRuntime, runcRuntime}
-}
-
-// bg is a ctr command running in the background.
-type bg struct {
-	cmd  *exec.Cmd
-	mu   sync.Mutex // out is written by exec's copy goroutines
-	out  *bytes.Buffer
-	done chan struct{}
-	rc   int
-	err  error
-}
-
-// ctrBG starts ctr without waiting for it (a foreground `ctr run` or `ctr
-// task exec` whose exit status the test reads later).
-func (d *daemons) ctrBG(t *testing.T, args ...string) *bg {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	b := &bg{cmd: d.ctrCmd(ctx, args...), out: &bytes.Buffer{}, done: make(chan struct{})}
-	w := lockedWriter{&b.mu, b.out}
-	b.cmd.Stdout, b.cmd.Stderr = w, w
-	b.cmd.WaitDelay = 10 * time.Second
-	if err := b.cmd.Start(); err != nil {
-		cancel()
-		t.Fatalf("start ctr %v: %v", args, err)
-	}
-	go func() {
-		defer cancel()
-		defer close(b.done)
-		b.err = b.cmd.Wait()
-		var ee *exec.ExitError
-		if errors.As(b.err, &ee) {
-			b.rc, b.err = ee.ExitCode(), nil
-		}
-	}()
-	t.Cleanup(func() {
-		b.cmd.Process.Kill()
-		<-b.done
-	})
-	return b
-}
-
-// waitOutput waits until the background ctr has printed want.
-func (b *bg) waitOutput(t *testing.T, want string, within time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		b.mu.Lock()
-		ok := strings.Contains(b.out.String(), want)
-		b.mu.Unlock()
-		if ok {
-			return
-		}
-		select {
-		case <-b.done:
-			t.Fatalf("ctr %v exited (rc %d) without printing %q:\n%s", b.cmd.Args[5:], b.rc, want, b.out.String())
-		case <-time.After(50 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("ctr %v: no %q after %v", b.cmd.Args[5:], want, within)
-		}
-	}
-}
-
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  io.Writer
-}
-
-func (l lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
-}
-
-// wait returns the background ctr's exit status and output.
-func (b *bg) wait(t *testing.T, within time.Duration) (int, string) {
-	t.Helper()
-	select {
-	case <-b.done:
-	case <-time.After(within):
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		t.Fatalf("ctr %v still running after %v; output:\n%s", b.cmd.Args[5:], within, b.out)
-	}
-	t.Logf("ctr %s: rc %d\n%s", strings.Join(b.cmd.Args[5:], " "), b.rc, b.out)
-	if b.err != nil {
-		t.Fatalf("ctr %v: %v", b.cmd.Args[5:], b.err)
-	}
-	return b.rc, b.out.String()
-}
-
-// taskInfo is one line of `ctr task ls`.
-type taskInfo struct {
-	pid    int
-	status string
-}
-
-// tasks parses `ctr task ls` (TASK PID STATUS).
-func (d *daemons) tasks(t testing.TB) map[string]taskInfo {
-	t.Helper()
-	out, rc, err := d.ctrQuiet(nil, "task", "ls")
-	if err != nil || rc != 0 {
-		t.Fatalf("ctr task ls: rc %d %v\n%s", rc, err, out)
-	}
-	m := map[string]taskInfo{}
-	for _, l := range strings.Split(out, "\n")[1:] {
-		f := strings.Fields(l)
-		if len(f) != 3 {
-			continue
-		}
-		pid, _ := strconv.Atoi(f[1])
-		m[f[0]] = taskInfo{pid, f[2]}
-	}
-	return m
-}
-
-// waitStatus polls `ctr task ls` until the task has the status.
-func (d *daemons) waitStatus(t testing.TB, id, status string, within time.Duration) taskInfo {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		tk, ok := d.tasks(t)[id]
-		if ok && tk.status == status {
-			return tk
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("task %s: %+v (listed: %v), want %s within %v", id, tk, ok, status, within)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// runDetached starts a long-running container (`ctr run -d`) and removes it
-// (task and container) when the test ends.
-func (d *daemons) runDetached(t *testing.T, rt runtime, id string, cmd ...string) taskInfo {
-	t.Helper()
-	args := append(append([]string{"run", "-d"}, rt.args...), imageRef, id)
-	if out, rc, err := d.ctr(append(args, cmd...)...); err != nil || rc != 0 {
-		t.Fatalf("%s: ctr run -d: rc %d %v\n%s", rt.name, rc, err, out)
-	}
-	t.Cleanup(func() { d.remove(t, id) })
-	return d.waitStatus(t, id, "RUNNING", time.Minute)
-}
-
-// remove force-deletes a container's task and the container.
-func (d *daemons) remove(t testing.TB, id string) {
-	if _, ok := d.tasks(t)[id]; ok {
-		if out, rc, err := d.ctrQuiet(nil, "task", "rm", "-f", id); err != nil || rc != 0 {
-			t.Errorf("ctr task rm -f %s: rc %d %v\n%s", id, rc, err, out)
-		}
-	}
-	if out, rc, err := d.ctrQuiet(nil, "container", "rm", id); err != nil || rc != 0 {
-		t.Errorf("ctr container rm %s: rc %d %v\n%s", id, rc, err, out)
-	}
-}
-
 // TestCtrTasks drives io.cube.v1 containers through containerd 2.4.2 and ctr
 // as a user does — task exec, kill, pause/resume, piped stdin, -t terminals,
 // checkpoint, a containerd restart (a killed VMM: TestCtrVMMKilled) — and runs each scenario with runc on
 // the same containerd, expecting the same output and exit statuses from both.
 func TestCtrTasks(t *testing.T) {
-	d := startDaemons(t)
-	rts := runtimes(t)
+	d := StartDaemons(t)
+	rts := Runtimes(t)
 
 	t.Run("exec", func(t *testing.T) {
 		for _, rt := range rts {
-			id := rt.name + "-exec"
-			d.runDetached(t, rt, id, "sleep", "1000")
-			out, rc, err := d.ctr("task", "exec", "--exec-id", "e1", id, "sh", "-c", "echo exec-out; echo exec-err >&2; exit 5")
+			id := rt.Name + "-exec"
+			d.RunDetached(t, rt, id, "sleep", "1000")
+			out, rc, err := d.Ctr("task", "exec", "--exec-id", "e1", id, "sh", "-c", "echo exec-out; echo exec-err >&2; exit 5")
 			if err != nil || rc != 5 {
-				t.Errorf("%s: ctr task exec: rc %d %v, want 5", rt.name, rc, err)
+				t.Errorf("%s: ctr task exec: rc %d %v, want 5", rt.Name, rc, err)
 			}
 			for _, want := range []string{"exec-out", "exec-err"} {
 				if !strings.Contains(out, want) {
-					t.Errorf("%s: exec output lacks %q", rt.name, want)
+					t.Errorf("%s: exec output lacks %q", rt.Name, want)
 				}
 			}
 			// The exec sees the container's rootfs and namespaces: it is not pid 1, the init is.
-			out, rc, _ = d.ctr("task", "exec", "--exec-id", "e2", id, "sh", "-c", "cat /proc/1/cmdline | busybox tr '\\0' ' '; echo; echo pid=$$")
+			out, rc, _ = d.Ctr("task", "exec", "--exec-id", "e2", id, "sh", "-c", "cat /proc/1/cmdline | busybox tr '\\0' ' '; echo; echo pid=$$")
 			if rc != 0 || !strings.Contains(out, "sleep 1000") || strings.Contains(out, "pid=1\n") {
-				t.Errorf("%s: exec does not see the container's init as pid 1: rc %d\n%s", rt.name, rc, out)
+				t.Errorf("%s: exec does not see the container's init as pid 1: rc %d\n%s", rt.Name, rc, out)
 			}
 		}
 	})
 
 	t.Run("kill", func(t *testing.T) {
 		for _, rt := range rts {
-			id := rt.name + "-kill"
-			d.runDetached(t, rt, id, "sleep", "1000")
+			id := rt.Name + "-kill"
+			d.RunDetached(t, rt, id, "sleep", "1000")
 			// An exec'd process (not a pid-namespace init) dies of SIGTERM: 128+15.
 			for _, c := range []struct {
 				sig  string
@@ -266,23 +73,23 @@ func TestCtrTasks(t *testing.T) {
 			}{{"SIGTERM", 143}, {"SIGKILL", 137}} {
 				execID := "k-" + strings.ToLower(c.sig)
 				// Signal it once it runs (its output says so), not while containerd is still starting it.
-				e := d.ctrBG(t, "task", "exec", "--exec-id", execID, id, "sh", "-c", "echo started; exec sleep 1000")
-				e.waitOutput(t, "started", time.Minute)
-				if out, rc, err := d.ctr("task", "kill", "--exec-id", execID, "-s", c.sig, id); err != nil || rc != 0 {
-					t.Fatalf("%s: ctr task kill --exec-id -s %s: rc %d %v\n%s", rt.name, c.sig, rc, err, out)
+				e := d.CtrBG(t, "task", "exec", "--exec-id", execID, id, "sh", "-c", "echo started; exec sleep 1000")
+				e.WaitOutput(t, "started", time.Minute)
+				if out, rc, err := d.Ctr("task", "kill", "--exec-id", execID, "-s", c.sig, id); err != nil || rc != 0 {
+					t.Fatalf("%s: ctr task kill --exec-id -s %s: rc %d %v\n%s", rt.Name, c.sig, rc, err, out)
 				}
-				if rc, _ := e.wait(t, time.Minute); rc != c.want {
-					t.Errorf("%s: exec killed with %s: ctr exit status %d, want %d", rt.name, c.sig, rc, c.want)
+				if rc, _ := e.Wait(t, time.Minute); rc != c.want {
+					t.Errorf("%s: exec killed with %s: ctr exit status %d, want %d", rt.Name, c.sig, rc, c.want)
 				}
 			}
 			// The init of a pid namespace ignores SIGTERM without a handler (the kernel drops it) — with
 			// runc, and so also in the microVM.
-			if out, rc, err := d.ctr("task", "kill", id); err != nil || rc != 0 {
-				t.Fatalf("%s: ctr task kill: rc %d %v\n%s", rt.name, rc, err, out)
+			if out, rc, err := d.Ctr("task", "kill", id); err != nil || rc != 0 {
+				t.Fatalf("%s: ctr task kill: rc %d %v\n%s", rt.Name, rc, err, out)
 			}
 			time.Sleep(2 * time.Second)
-			if tk := d.tasks(t)[id]; tk.status != "RUNNING" {
-				t.Errorf("%s: init without a SIGTERM handler: %+v after SIGTERM, want RUNNING", rt.name, tk)
+			if tk := d.Tasks(t)[id]; tk.Status != "RUNNING" {
+				t.Errorf("%s: init without a SIGTERM handler: %+v after SIGTERM, want RUNNING", rt.Name, tk)
 			}
 		}
 		// The container's init killed: the foreground `ctr run` returns the task's status.
@@ -297,15 +104,15 @@ func TestCtrTasks(t *testing.T) {
 				// An init can only die of SIGTERM through a handler: this one exits 143.
 				{"SIGTERM", []string{"sh", "-c", "trap 'exit 143' TERM; echo started; while :; do sleep 0.1; done"}, 143, "sigterm"},
 			} {
-				id := rt.name + "-init-" + c.label
-				r := d.ctrBG(t, append(append(append([]string{"run", "--rm"}, rt.args...), imageRef, id), c.cmd...)...)
+				id := rt.Name + "-init-" + c.label
+				r := d.CtrBG(t, append(append(append([]string{"run", "--rm"}, rt.Args...), ImageRef, id), c.cmd...)...)
 				// Signal once the handler is in place (the shell printed), not while the shell starts.
-				r.waitOutput(t, "started", time.Minute)
-				if out, rc, err := d.ctr("task", "kill", "-s", c.sig, id); err != nil || rc != 0 {
-					t.Fatalf("%s: ctr task kill -s %s: rc %d %v\n%s", rt.name, c.sig, rc, err, out)
+				r.WaitOutput(t, "started", time.Minute)
+				if out, rc, err := d.Ctr("task", "kill", "-s", c.sig, id); err != nil || rc != 0 {
+					t.Fatalf("%s: ctr task kill -s %s: rc %d %v\n%s", rt.Name, c.sig, rc, err, out)
 				}
-				if rc, _ := r.wait(t, time.Minute); rc != c.want {
-					t.Errorf("%s: init killed with %s: ctr run exit status %d, want %d", rt.name, c.sig, rc, c.want)
+				if rc, _ := r.Wait(t, time.Minute); rc != c.want {
+					t.Errorf("%s: init killed with %s: ctr run exit status %d, want %d", rt.Name, c.sig, rc, c.want)
 				}
 			}
 		}
@@ -313,28 +120,28 @@ func TestCtrTasks(t *testing.T) {
 
 	t.Run("pause-resume", func(t *testing.T) {
 		for _, rt := range rts {
-			id := rt.name + "-pause"
-			d.runDetached(t, rt, id, "sh", "-c", counterScript)
-			count := func() int { return d.readCounter(t, id) }
+			id := rt.Name + "-pause"
+			d.RunDetached(t, rt, id, "sh", "-c", CounterScript)
+			count := func() int { return d.ReadCounter(t, id) }
 			time.Sleep(time.Second)
 			count()
-			if out, rc, err := d.ctr("task", "pause", id); err != nil || rc != 0 {
-				t.Fatalf("%s: ctr task pause: rc %d %v\n%s", rt.name, rc, err, out)
+			if out, rc, err := d.Ctr("task", "pause", id); err != nil || rc != 0 {
+				t.Fatalf("%s: ctr task pause: rc %d %v\n%s", rt.Name, rc, err, out)
 			}
-			d.waitStatus(t, id, "PAUSED", 10*time.Second)
+			d.WaitStatus(t, id, "PAUSED", 10*time.Second)
 			time.Sleep(time.Second)
-			if tk := d.tasks(t)[id]; tk.status != "PAUSED" {
-				t.Errorf("%s: %+v a second after pause, want PAUSED", rt.name, tk)
+			if tk := d.Tasks(t)[id]; tk.Status != "PAUSED" {
+				t.Errorf("%s: %+v a second after pause, want PAUSED", rt.Name, tk)
 			}
-			if out, rc, err := d.ctr("task", "resume", id); err != nil || rc != 0 {
-				t.Fatalf("%s: ctr task resume: rc %d %v\n%s", rt.name, rc, err, out)
+			if out, rc, err := d.Ctr("task", "resume", id); err != nil || rc != 0 {
+				t.Fatalf("%s: ctr task resume: rc %d %v\n%s", rt.Name, rc, err, out)
 			}
-			d.waitStatus(t, id, "RUNNING", 10*time.Second)
+			d.WaitStatus(t, id, "RUNNING", 10*time.Second)
 			// The same process carries on counting (not restarted: the count goes on from where it was).
 			before := count()
 			time.Sleep(time.Second)
 			if after := count(); after <= before {
-				t.Errorf("%s: counter %d then %d a second later: the process did not continue after resume", rt.name, before, after)
+				t.Errorf("%s: counter %d then %d a second later: the process did not continue after resume", rt.Name, before, after)
 			}
 		}
 	})
@@ -347,20 +154,20 @@ func TestCtrTasks(t *testing.T) {
 		}
 		want := fmt.Sprintf("%x", md5.Sum(in.Bytes()))
 		for _, rt := range rts {
-			args := append(append([]string{"run", "--rm"}, rt.args...), imageRef, rt.name+"-stdin", "sh", "-c", "busybox md5sum; exit 4")
-			out, rc, err := d.ctrQuiet(bytes.NewReader(in.Bytes()), args...)
-			t.Logf("%s: echo … | ctr run … md5sum: rc %d\n%s", rt.name, rc, out)
+			args := append(append([]string{"run", "--rm"}, rt.Args...), ImageRef, rt.Name+"-stdin", "sh", "-c", "busybox md5sum; exit 4")
+			out, rc, err := d.CtrQuiet(bytes.NewReader(in.Bytes()), args...)
+			t.Logf("%s: echo … | ctr run … md5sum: rc %d\n%s", rt.Name, rc, out)
 			if err != nil || rc != 4 {
-				t.Errorf("%s: rc %d %v, want 4", rt.name, rc, err)
+				t.Errorf("%s: rc %d %v, want 4", rt.Name, rc, err)
 			}
 			if !strings.Contains(out, want) {
-				t.Errorf("%s: md5 of stdin in the container is not %s", rt.name, want)
+				t.Errorf("%s: md5 of stdin in the container is not %s", rt.Name, want)
 			}
 		}
 		// The short case from the issue, `echo x | ctr run … cat`: io.cube.v1 only — with runc it once hung
 		// in the test host after printing the line (ctr never returned), which is not ours to test.
-		args := append(append([]string{"run", "--rm"}, cubeRuntime.args...), imageRef, "cube-stdin2", "cat")
-		out, rc, err := d.ctrQuiet(strings.NewReader("piped-x\n"), args...)
+		args := append(append([]string{"run", "--rm"}, CubeRuntime.Args...), ImageRef, "cube-stdin2", "cat")
+		out, rc, err := d.CtrQuiet(strings.NewReader("piped-x\n"), args...)
 		if err != nil || rc != 0 || out != "piped-x\n" {
 			t.Errorf("echo piped-x | ctr run … cat: rc %d %v, output %q", rc, err, out)
 		}
@@ -369,26 +176,26 @@ func TestCtrTasks(t *testing.T) {
 	t.Run("tty", func(t *testing.T) {
 		for _, rt := range rts {
 			rc, out := d.ctrTTY(t, console.WinSize{Height: 31, Width: 97},
-				append(append([]string{"run", "-t", "--rm"}, rt.args...), imageRef, rt.name+"-tty",
+				append(append([]string{"run", "-t", "--rm"}, rt.Args...), ImageRef, rt.Name+"-tty",
 					"sh", "-c", "busybox tty; busybox stty size; [ -t 0 ] && echo stdin-is-tty; exit 6")...)
 			if rc != 6 {
-				t.Errorf("%s: ctr run -t: rc %d, want 6", rt.name, rc)
+				t.Errorf("%s: ctr run -t: rc %d, want 6", rt.Name, rc)
 			}
 			// The terminal has a name in the container's own devpts, as with runc.
 			for _, want := range []string{"/dev/pts/", "31 97", "stdin-is-tty"} {
 				if !strings.Contains(out, want) {
-					t.Errorf("%s: terminal output lacks %q", rt.name, want)
+					t.Errorf("%s: terminal output lacks %q", rt.Name, want)
 				}
 			}
 			// `ctr task exec -t` into a running container. No size check here: ctr sizes an exec's terminal
 			// only after starting it, so the process may run before that (seen with runc: "stty: standard
 			// input", then "cannot resize a stopped container").
-			id := rt.name + "-ttyexec"
-			d.runDetached(t, rt, id, "sleep", "1000")
+			id := rt.Name + "-ttyexec"
+			d.RunDetached(t, rt, id, "sleep", "1000")
 			rc, out = d.ctrTTY(t, console.WinSize{Height: 22, Width: 88},
 				"task", "exec", "-t", "--exec-id", "t1", id, "sh", "-c", "busybox tty; [ -t 0 ] && echo stdin-is-tty; exit 3")
 			if rc != 3 || !strings.Contains(out, "/dev/pts/") || !strings.Contains(out, "stdin-is-tty") {
-				t.Errorf("%s: ctr task exec -t: rc %d (want 3), output %q (want a /dev/pts name and stdin-is-tty)", rt.name, rc, out)
+				t.Errorf("%s: ctr task exec -t: rc %d (want 3), output %q (want a /dev/pts name and stdin-is-tty)", rt.Name, rc, out)
 			}
 		}
 	})
@@ -398,12 +205,12 @@ func TestCtrTasks(t *testing.T) {
 		// snapshot into DIR/vm; the task carries on. The snapshot restores in a new cube-vmm with the
 		// container's process still counting; --exit then ends the task as runc does.
 		id := "cube-ckpt"
-		d.runDetached(t, cubeRuntime, id, "sh", "-c", counterScript)
-		count := func() int { return d.readCounter(t, id) }
+		d.RunDetached(t, CubeRuntime, id, "sh", "-c", CounterScript)
+		count := func() int { return d.ReadCounter(t, id) }
 		time.Sleep(time.Second)
 		before := count()
 		img := t.TempDir()
-		if out, rc, err := d.ctr("task", "checkpoint", "--image-path", img, id); err != nil || rc != 0 {
+		if out, rc, err := d.Ctr("task", "checkpoint", "--image-path", img, id); err != nil || rc != 0 {
 			t.Fatalf("ctr task checkpoint --image-path: rc %d %v\n%s", rc, err, out)
 		}
 		snapDir := filepath.Join(img, "vm")
@@ -412,7 +219,7 @@ func TestCtrTasks(t *testing.T) {
 			t.Fatalf("the checkpoint is not a valid VM snapshot: %v", err)
 		}
 		t.Logf("checkpoint: %d vCPU(s), %d MiB, %d disks", snap.Manifest.Shape.VCPUs, snap.Manifest.Shape.MemoryMiB, len(snap.Manifest.Shape.Disks))
-		d.waitStatus(t, id, "RUNNING", 10*time.Second) // ctr paused it around the checkpoint and resumed it
+		d.WaitStatus(t, id, "RUNNING", 10*time.Second) // ctr paused it around the checkpoint and resumed it
 		time.Sleep(time.Second)
 		if after := count(); after <= before {
 			t.Errorf("counter %d before the checkpoint, %d after: the task did not carry on", before, after)
@@ -420,7 +227,7 @@ func TestCtrTasks(t *testing.T) {
 
 		// The checkpoint in a new VMM: the container's process is there and counts on.
 		rdir := t.TempDir()
-		vmm := vmmrun.Start(t, cubeVMM, "restore", "-disk-dir", rdir, "-control", rdir+"/ctl.sock",
+		vmm := vmmrun.Start(t, CubeVMM, "restore", "-disk-dir", rdir, "-control", rdir+"/ctl.sock",
 			"-vsock", rdir+"/vsock.sock", "-console", rdir+"/console.log", snapDir)
 		agent := dialAgent(t, rdir+"/vsock.sock", vmm)
 		c, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -460,19 +267,19 @@ func TestCtrTasks(t *testing.T) {
 		}
 
 		// An existing checkpoint is not overwritten.
-		if out, rc, _ := d.ctr("task", "checkpoint", "--image-path", img, id); rc == 0 || !strings.Contains(out, "already holds a checkpoint") {
+		if out, rc, _ := d.Ctr("task", "checkpoint", "--image-path", img, id); rc == 0 || !strings.Contains(out, "already holds a checkpoint") {
 			t.Errorf("second checkpoint into the same dir: rc %d, want an error naming the existing checkpoint:\n%s", rc, out)
 		}
 		// --exit: the task ends as killed once the snapshot is written.
 		img2 := t.TempDir()
-		if out, rc, err := d.ctr("task", "checkpoint", "--exit", "--image-path", img2, id); err != nil || rc != 0 {
+		if out, rc, err := d.Ctr("task", "checkpoint", "--exit", "--image-path", img2, id); err != nil || rc != 0 {
 			t.Fatalf("ctr task checkpoint --exit: rc %d %v\n%s", rc, err, out)
 		}
 		if _, err := snapshot.Open(filepath.Join(img2, "vm")); err != nil {
 			t.Errorf("checkpoint --exit: %v", err)
 		}
-		d.waitStatus(t, id, "STOPPED", time.Minute)
-		if out, rc, err := d.ctr("task", "rm", id); err != nil || rc != 0 || !strings.Contains(out, "exit code 137") {
+		d.WaitStatus(t, id, "STOPPED", time.Minute)
+		if out, rc, err := d.Ctr("task", "rm", id); err != nil || rc != 0 || !strings.Contains(out, "exit code 137") {
 			t.Errorf("ctr task rm after checkpoint --exit: rc %d %v, want 0 and exit code 137 reported:\n%s", rc, err, out)
 		}
 	})
@@ -480,12 +287,12 @@ func TestCtrTasks(t *testing.T) {
 	t.Run("containerd-restart", func(t *testing.T) {
 		pids := map[string]int{}
 		for _, rt := range rts {
-			id := rt.name + "-restart"
-			pids[id] = d.runDetached(t, rt, id, "sleep", "1000").pid
+			id := rt.Name + "-restart"
+			pids[id] = d.RunDetached(t, rt, id, "sleep", "1000").PID
 		}
 		// Stop containerd as an operator would (SIGTERM) and start it again on the same root and state.
-		d.cd.Process.Signal(syscall.SIGTERM)
-		if err := d.cd.Wait(); err != nil {
+		d.Containerd.Process.Signal(syscall.SIGTERM)
+		if err := d.Containerd.Wait(); err != nil {
 			t.Logf("containerd exit: %v", err)
 		}
 		for id, pid := range pids {
@@ -493,12 +300,12 @@ func TestCtrTasks(t *testing.T) {
 				t.Errorf("%s: task pid %d gone while containerd was down: %v", id, pid, err)
 			}
 		}
-		if err := d.startContainerd(); err != nil {
+		if err := d.StartContainerd(); err != nil {
 			t.Fatal(err)
 		}
-		ls := d.tasks(t)
+		ls := d.Tasks(t)
 		for id, pid := range pids {
-			if tk := ls[id]; tk.status != "RUNNING" || tk.pid != pid {
+			if tk := ls[id]; tk.Status != "RUNNING" || tk.PID != pid {
 				t.Errorf("%s after the restart: %+v, want RUNNING with pid %d", id, tk, pid)
 			}
 			// Once (io.cube.v1, about 1 run in 5) this exec never returned: a shorter bound than ctr's
@@ -524,10 +331,10 @@ const execHangTimeout = 2 * time.Minute
 
 // ctrWithin is ctr (no stdin, output combined) bounded by within; hung says ctr was still running then
 // and was killed.
-func (d *daemons) ctrWithin(within time.Duration, args ...string) (out string, rc int, err error, hung bool) {
+func (d *Daemons) ctrWithin(within time.Duration, args ...string) (out string, rc int, err error, hung bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), within)
 	defer cancel()
-	cmd := d.ctrCmd(ctx, args...)
+	cmd := d.CtrCmd(ctx, args...)
 	cmd.WaitDelay = 10 * time.Second
 	b, err := cmd.CombinedOutput()
 	if ctx.Err() != nil {
@@ -548,7 +355,7 @@ func (d *daemons) ctrWithin(within time.Duration, args ...string) (out string, r
 // into their log on SIGUSR1 and carry on; the shim's log reaches containerd's
 // through the shim log fifo — and the tail of containerd's log. The sandbox
 // VMs' console tails follow at the end of the test (dumpConsolesOnFailure).
-func (d *daemons) diagnoseHang(t *testing.T, id string, pid int) {
+func (d *Daemons) diagnoseHang(t *testing.T, id string, pid int) {
 	t.Helper()
 	for _, args := range [][]string{{"task", "ls"}, {"task", "ps", id}} {
 		out, rc, err, hung := d.ctrWithin(30*time.Second, args...)
@@ -561,17 +368,17 @@ func (d *daemons) diagnoseHang(t *testing.T, id string, pid int) {
 		t.Logf("diagnose: shim of %s: pid %d (%s); SIGUSR1 for a goroutine dump: %v", id, shim,
 			strings.ReplaceAll(strings.TrimRight(string(cmdline), "\x00"), "\x00", " "), syscall.Kill(shim, syscall.SIGUSR1))
 	}
-	if d.cd != nil && d.cd.Process != nil {
-		t.Logf("diagnose: containerd pid %d, SIGUSR1 for a goroutine dump: %v", d.cd.Process.Pid, d.cd.Process.Signal(syscall.SIGUSR1))
+	if d.Containerd != nil && d.Containerd.Process != nil {
+		t.Logf("diagnose: containerd pid %d, SIGUSR1 for a goroutine dump: %v", d.Containerd.Process.Pid, d.Containerd.Process.Signal(syscall.SIGUSR1))
 	}
 	time.Sleep(2 * time.Second) // the dumps travel through the shim log fifo into containerd's log
-	b, err := os.ReadFile(filepath.Join(d.dir, "containerd.log"))
+	b, err := os.ReadFile(filepath.Join(d.Dir, "containerd.log"))
 	if err != nil {
 		t.Logf("diagnose: containerd log: %v", err)
 		return
 	}
 	// A stack dump is one log line with its newlines escaped: unescape it to be read.
-	tail := lastLines(string(b), 300)
+	tail := LastLines(string(b), 300)
 	tail = strings.NewReplacer(`\n`, "\n", `\t`, "\t").Replace(tail)
 	t.Logf("diagnose: containerd log (tail, the shim's lines included):\n%s", tail)
 }
@@ -579,7 +386,7 @@ func (d *daemons) diagnoseHang(t *testing.T, id string, pid int) {
 // ctrTTY runs ctr with a pseudo-terminal of the given size as its stdin,
 // stdout and stderr (ctr -t insists on a terminal) and returns its exit
 // status and everything written to the terminal.
-func (d *daemons) ctrTTY(t *testing.T, size console.WinSize, args ...string) (int, string) {
+func (d *Daemons) ctrTTY(t *testing.T, size console.WinSize, args ...string) (int, string) {
 	t.Helper()
 	master, slavePath, err := console.NewPty()
 	if err != nil {
@@ -595,7 +402,7 @@ func (d *daemons) ctrTTY(t *testing.T, size console.WinSize, args ...string) (in
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cmd := d.ctrCmd(ctx, args...)
+	cmd := d.CtrCmd(ctx, args...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true}
 	err = cmd.Start()

@@ -1,90 +1,13 @@
 package shim
 
 import (
-	"bytes"
-	"context"
-	"encoding/json"
-	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/cube-runtime/cube/checkpoint/cli"
-	"github.com/cube-runtime/cube/checkpoint/store"
 	"github.com/cube-runtime/cube/hypervisor/snapshot"
 )
-
-// cubeBin is the cube CLI in the test host (TestMain builds it).
-const cubeBin = "/cube/bin/cube"
-
-// storeRoot is the snapshot store of d's containerd: beside the snapshotter's
-// root, as store.DefaultRoot is beside the default one.
-func (d *daemons) storeRoot() string { return store.RootBeside(d.dir + "/snaproot") }
-
-// cube runs the cube CLI against d's containerd (its address, namespace and
-// state directory) and store, and returns its stdout and stderr together; a
-// non-zero exit is rc, not an error.
-func (d *daemons) cube(t testing.TB, args ...string) (string, int) {
-	t.Helper()
-	out, errOut, rc := d.cubeRun(t, args...)
-	return out + errOut, rc
-}
-
-// cubeRun is cube with stdout and stderr apart.
-func (d *daemons) cubeRun(t testing.TB, args ...string) (string, string, int) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	all := append([]string{"--address", d.dir + "/containerd.sock", "--namespace", "e2e", "--state", d.dir + "/state",
-		"--store-root", d.storeRoot()}, args...)
-	cmd := exec.CommandContext(ctx, cubeBin, all...)
-	var stdout, stderr bytes.Buffer
-	cmd.Env, cmd.Stdout, cmd.Stderr = d.env, &stdout, &stderr
-	cmd.WaitDelay = 10 * time.Second
-	err := cmd.Run()
-	var ee *exec.ExitError
-	rc := 0
-	switch {
-	case errors.As(err, &ee):
-		rc = ee.ExitCode()
-	case err != nil:
-		t.Fatalf("cube %s: %v\n%s%s", strings.Join(args, " "), err, stdout.String(), stderr.String())
-	}
-	t.Logf("cube %s: rc %d\n%s%s", strings.Join(args, " "), rc, stdout.String(), stderr.String())
-	return stdout.String(), stderr.String(), rc
-}
-
-// cubeJSON runs a cube command that prints a snapshot as JSON.
-func (d *daemons) cubeJSON(t testing.TB, args ...string) cli.Description {
-	t.Helper()
-	out, _, rc := d.cubeRun(t, args...)
-	var desc cli.Description
-	if rc != 0 {
-		t.Fatalf("cube %s: rc %d", strings.Join(args, " "), rc)
-	}
-	if err := json.Unmarshal([]byte(out), &desc); err != nil {
-		t.Fatalf("cube %s: not a snapshot as JSON: %v", strings.Join(args, " "), err)
-	}
-	return desc
-}
-
-// counterAbove waits until container id's counter (counterScript) passes n.
-func (d *daemons) counterAbove(t testing.TB, id string, n int) int {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		if c := d.readCounter(t, id); c > n {
-			return c
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: the counter stays at %d: the container does not run on", id, n)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
 
 // TestCubeSnapshots is the user's path for snapshots: containerd 2.4.2, a
 // running io.cube.v1 container, and the cube CLI: `cube snapshot --name s1`,
@@ -96,21 +19,21 @@ func (d *daemons) counterAbove(t testing.TB, id string, n int) int {
 // answers again with its old state and pid, an exec started after it ends
 // with 137, the sandbox holds the snapshot until it ends).
 func TestCubeSnapshots(t *testing.T) {
-	d := startDaemons(t)
+	d := StartDaemons(t)
 	const id = "cube-snap"
 	// Registered before the container: runs after its removal, when the
 	// sandbox no longer holds the snapshot it rolled back to.
 	var held []string
 	t.Cleanup(func() { d.emptyStore(t, held) })
-	tk := d.runDetached(t, cubeRuntime, id, "sh", "-c", counterScript)
-	n := d.counterAbove(t, id, 0)
+	tk := d.RunDetached(t, CubeRuntime, id, "sh", "-c", CounterScript)
+	n := d.CounterAbove(t, id, 0)
 
-	s1 := d.cubeJSON(t, "snapshot", id, "--name", "s1", "--json")
+	s1 := d.CubeJSON(t, "snapshot", id, "--name", "s1", "--json")
 	if s1.Kind != "full" || strings.Join(s1.Names, ",") != "s1" || s1.Sandbox != "e2e/"+id || s1.Parent != "" || s1.Size <= 0 {
 		t.Errorf("s1: %+v", s1)
 	}
-	if vm := s1.VM; vm == nil || vm.FrozenMS <= 0 || vm.TotalMS < vm.FrozenMS || vm.MemoryBytes <= 0 || int(vm.VMMPid) != tk.pid {
-		t.Errorf("s1's figures: %+v (VMM pid %d)", s1.VM, tk.pid)
+	if vm := s1.VM; vm == nil || vm.FrozenMS <= 0 || vm.TotalMS < vm.FrozenMS || vm.MemoryBytes <= 0 || int(vm.VMMPid) != tk.PID {
+		t.Errorf("s1's figures: %+v (VMM pid %d)", s1.VM, tk.PID)
 	} else {
 		t.Logf("s1: frozen %.1f ms, total %.1f ms, memory %d bytes, disks %d bytes (reflinked %v), %d bytes on disk",
 			vm.FrozenMS, vm.TotalMS, vm.MemoryBytes, vm.DiskBytes, vm.Reflinked, s1.Size)
@@ -119,36 +42,36 @@ func TestCubeSnapshots(t *testing.T) {
 		t.Errorf("s1 is not a VM snapshot cube-vmm can restore: %v", err)
 	}
 	// The container runs on between and after the snapshots.
-	n = d.counterAbove(t, id, n)
+	n = d.CounterAbove(t, id, n)
 
-	s2 := d.cubeJSON(t, "snapshot", id, "--name", "s2", "--incremental", "--json")
+	s2 := d.CubeJSON(t, "snapshot", id, "--name", "s2", "--incremental", "--json")
 	if s2.Kind != "incremental" || s2.Parent != s1.ID || s2.VM == nil || !s2.VM.Incremental || !s2.VM.Base {
 		t.Errorf("s2: %+v (vm %+v), want incremental over %s", s2, s2.VM, s1.ID)
 	}
-	d.counterAbove(t, id, n)
-	if now := d.tasks(t)[id]; now.status != "RUNNING" || now.pid != tk.pid {
-		t.Errorf("after two snapshots the task is %+v, want RUNNING with VMM pid %d", now, tk.pid)
+	d.CounterAbove(t, id, n)
+	if now := d.Tasks(t)[id]; now.Status != "RUNNING" || now.PID != tk.PID {
+		t.Errorf("after two snapshots the task is %+v, want RUNNING with VMM pid %d", now, tk.PID)
 	}
 
-	out, rc := d.cube(t, "snapshots", "ls", "--sandbox", id)
+	out, rc := d.Cube(t, "snapshots", "ls", "--sandbox", id)
 	if rc != 0 || !strings.Contains(out, s1.ID) || !strings.Contains(out, s2.ID) || !strings.Contains(out, "incremental") {
 		t.Errorf("snapshots ls: rc %d\n%s", rc, out)
 	}
 	for _, ref := range []string{"s1", s1.ID} {
-		got := d.cubeJSON(t, "snapshots", "inspect", ref)
+		got := d.CubeJSON(t, "snapshots", "inspect", ref)
 		if got.ID != s1.ID || got.Dir != s1.Dir || got.VM == nil || got.VM.Base {
 			t.Errorf("inspect %s: %+v (vm %+v)", ref, got, got.VM)
 		}
 	}
 
 	// s1 is s2's parent: its deletion is refused, naming s2.
-	if out, rc := d.cube(t, "snapshots", "rm", "s1"); rc != 1 || !strings.Contains(out, "is the parent of "+s2.ID) {
+	if out, rc := d.Cube(t, "snapshots", "rm", "s1"); rc != 1 || !strings.Contains(out, "is the parent of "+s2.ID) {
 		t.Errorf("rm s1 (s2's parent): rc %d\n%s", rc, out)
 	}
-	if out, rc := d.cube(t, "snapshots", "rm", "s2"); rc != 0 || strings.TrimSpace(out) != s2.ID {
+	if out, rc := d.Cube(t, "snapshots", "rm", "s2"); rc != 0 || strings.TrimSpace(out) != s2.ID {
 		t.Errorf("rm s2: rc %d\n%s", rc, out)
 	}
-	if out, _ := d.cube(t, "snapshots", "ls", "-q"); strings.Join(strings.Fields(out), " ") != s1.ID {
+	if out, _ := d.Cube(t, "snapshots", "ls", "-q"); strings.Join(strings.Fields(out), " ") != s1.ID {
 		t.Errorf("ls after rm s2:\n%s", out)
 	}
 	if _, err := os.Stat(s2.Dir); !os.IsNotExist(err) {
@@ -157,32 +80,32 @@ func TestCubeSnapshots(t *testing.T) {
 
 	// A runc container is not a VM: refused, saying so (when runc is in the test host).
 	if _, err := os.Stat("/cube/bin/runc"); err == nil {
-		d.runDetached(t, runcRuntime, "cube-snap-runc", "sleep", "1000")
-		if out, rc := d.cube(t, "snapshot", "cube-snap-runc"); rc != 1 || !strings.Contains(out, "runs with runtime io.containerd.runc.v2") {
+		d.RunDetached(t, RuncRuntime, "cube-snap-runc", "sleep", "1000")
+		if out, rc := d.Cube(t, "snapshot", "cube-snap-runc"); rc != 1 || !strings.Contains(out, "runs with runtime io.containerd.runc.v2") {
 			t.Errorf("snapshot of a runc container: rc %d\n%s", rc, out)
 		}
 	}
 
 	// Rollback in place, with a worker exec beside the long-lived init.
-	held = append(held, d.rollbackRounds(t, id, tk.pid)...)
+	held = append(held, d.rollbackRounds(t, id, tk.PID)...)
 
 	// s1 goes now; the snapshot the sandbox rolled back to goes once the
 	// container is removed (emptyStore, at the end).
-	if out, rc := d.cube(t, "snapshots", "rm", "s1"); rc != 0 {
+	if out, rc := d.Cube(t, "snapshots", "rm", "s1"); rc != 0 {
 		t.Errorf("rm s1: rc %d\n%s", rc, out)
 	}
 }
 
 // emptyStore deletes the snapshots in refs (the container that held them is
 // gone by now) and checks that nothing is left in the store.
-func (d *daemons) emptyStore(t *testing.T, refs []string) {
+func (d *Daemons) emptyStore(t *testing.T, refs []string) {
 	for _, ref := range refs {
-		if out, rc := d.cube(t, "snapshots", "rm", ref); rc != 0 {
+		if out, rc := d.Cube(t, "snapshots", "rm", ref); rc != 0 {
 			t.Errorf("rm %s after its sandbox ended: rc %d\n%s", ref, rc, out)
 		}
 	}
 	for _, sub := range []string{"snapshots", "pending", "names"} {
-		if ents, err := os.ReadDir(filepath.Join(d.storeRoot(), sub)); err != nil || len(ents) != 0 {
+		if ents, err := os.ReadDir(filepath.Join(d.StoreRoot(), sub)); err != nil || len(ents) != 0 {
 			t.Errorf("store %s/ after removing everything: %v %v", sub, ents, err)
 		}
 	}

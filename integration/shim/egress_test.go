@@ -3,13 +3,10 @@ package shim
 import (
 	"encoding/json"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"github.com/google/nftables"
@@ -21,32 +18,9 @@ import (
 // pod network: the pod reaches it through its default route via the bridge.
 const egressOtherAddr = "10.77.0.1"
 
-// countingServer is an HTTP server in the test host that counts the
-// requests it got.
-type countingServer struct {
-	url  string
-	hits atomic.Int64
-}
-
-func newCountingServer(t *testing.T, ip string) *countingServer {
-	t.Helper()
-	l, err := net.Listen("tcp4", ip+":0")
-	if err != nil {
-		t.Fatalf("listen on %s: %v", ip, err)
-	}
-	s := &countingServer{url: fmt.Sprintf("http://%s/", l.Addr())}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.hits.Add(1)
-		fmt.Fprintf(w, "hello-from %s\n", ip)
-	})}
-	go srv.Serve(l)
-	t.Cleanup(func() { srv.Close() })
-	return s
-}
-
 // cube runs the cube CLI against the CRI containerd (namespace k8s.io).
 func (c *criEnv) cube(args ...string) (string, error) {
-	return c.run(cubeBin, append([]string{"--address", c.dir + "/containerd.sock", "--namespace", "k8s.io",
+	return c.run(CubeBin, append([]string{"--address", c.dir + "/containerd.sock", "--namespace", "k8s.io",
 		"--state", c.dir + "/state"}, args...)...)
 }
 
@@ -99,7 +73,7 @@ func TestCRIPodEgressPolicy(t *testing.T) {
 		}
 	})
 	cj := filepath.Join(c.dir, "c1.json")
-	os.WriteFile(cj, fmt.Appendf(nil, withPodNetwork(criContainerConfig), "c1", imageRef), 0o644)
+	os.WriteFile(cj, fmt.Appendf(nil, withPodNetwork(criContainerConfig), "c1", ImageRef), 0o644)
 	out, err = c.crictl("create", pod, cj, podJSON)
 	if err != nil {
 		t.Fatal(err)
@@ -109,14 +83,14 @@ func TestCRIPodEgressPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	a, b := newCountingServer(t, criCNIGateway), newCountingServer(t, egressOtherAddr)
+	a, b := NewCountingServer(t, criCNIGateway), NewCountingServer(t, egressOtherAddr)
 	// fetch has the container get url; a denied connection hangs (its SYN is dropped) until timeout ends it.
-	fetch := func(s *countingServer) bool {
+	fetch := func(s *CountingServer) bool {
 		t.Helper()
-		got, _ := c.crictl("exec", "-s", ctr, "sh", "-c", "busybox timeout 5 busybox wget -q -O - "+s.url+" 2>&1; echo rc=$?")
+		got, _ := c.crictl("exec", "-s", ctr, "sh", "-c", "busybox timeout 5 busybox wget -q -O - "+s.URL+" 2>&1; echo rc=$?")
 		return strings.Contains(got, "hello-from") && strings.Contains(got, "rc=0")
 	}
-	reachable := func(s *countingServer) bool {
+	reachable := func(s *CountingServer) bool {
 		for range 3 {
 			if fetch(s) {
 				return true
@@ -125,7 +99,7 @@ func TestCRIPodEgressPolicy(t *testing.T) {
 		return false
 	}
 	if !reachable(a) || !reachable(b) {
-		t.Fatalf("without a policy the pod must reach both servers (A %s: %d requests, B %s: %d)", a.url, a.hits.Load(), b.url, b.hits.Load())
+		t.Fatalf("without a policy the pod must reach both servers (A %s: %d requests, B %s: %d)", a.URL, a.Hits.Load(), b.URL, b.Hits.Load())
 	}
 
 	policy := func(args ...string) cli.NetworkPolicy {
@@ -149,17 +123,17 @@ func TestCRIPodEgressPolicy(t *testing.T) {
 		return 0
 	}
 	// check: the allowed server answers, the denied one never sees a request, and the drops are counted.
-	check := func(allowed, denied *countingServer, name string) {
+	check := func(allowed, denied *CountingServer, name string) {
 		t.Helper()
-		before := denied.hits.Load()
+		before := denied.Hits.Load()
 		if !fetch(allowed) {
-			t.Errorf("%s: the allowed server %s did not answer", name, allowed.url)
+			t.Errorf("%s: the allowed server %s did not answer", name, allowed.URL)
 		}
 		if fetch(denied) {
-			t.Errorf("%s: the denied server %s answered", name, denied.url)
+			t.Errorf("%s: the denied server %s answered", name, denied.URL)
 		}
-		if n := denied.hits.Load(); n != before {
-			t.Errorf("%s: the denied server %s got %d requests", name, denied.url, n-before)
+		if n := denied.Hits.Load(); n != before {
+			t.Errorf("%s: the denied server %s got %d requests", name, denied.URL, n-before)
 		}
 		if np := policy(); np.AllowInternetAccess || dropped(np) == 0 {
 			t.Errorf("%s: policy %+v: want internet denied and the dropped packets counted", name, np)

@@ -24,9 +24,9 @@ type forked struct {
 }
 
 // containers lists `ctr containers ls -q`.
-func (d *daemons) containers(t *testing.T) map[string]bool {
+func (d *Daemons) containers(t *testing.T) map[string]bool {
 	t.Helper()
-	out, rc, err := d.ctrQuiet(nil, "containers", "ls", "-q")
+	out, rc, err := d.CtrQuiet(nil, "containers", "ls", "-q")
 	if err != nil || rc != 0 {
 		t.Fatalf("ctr containers ls: rc %d %v\n%s", rc, err, out)
 	}
@@ -65,58 +65,58 @@ func memoryOf(pid int) (rss, pss string) {
 // `cube restore` of that snapshot under a new id: equal, advances; the
 // snapshot's deletion is refused while the restored VM maps it.
 func TestCubeForkAndRestore(t *testing.T) {
-	d := startDaemons(t)
+	d := StartDaemons(t)
 	const src = "cube-fork-src"
 	var held []string
 	t.Cleanup(func() { d.emptyStore(t, held) })
-	args := append(append([]string{"run", "-d"}, cubeRuntime.args...), imageRef, src, "sh", "-c", counterScript)
-	if out, rc, err := d.ctr(args...); err != nil || rc != 0 {
+	args := append(append([]string{"run", "-d"}, CubeRuntime.Args...), ImageRef, src, "sh", "-c", CounterScript)
+	if out, rc, err := d.Ctr(args...); err != nil || rc != 0 {
 		t.Fatalf("ctr run -d: rc %d %v\n%s", rc, err, out)
 	}
 	srcRemoved := false
 	t.Cleanup(func() {
 		if !srcRemoved {
-			d.remove(t, src)
+			d.Remove(t, src)
 		}
 	})
-	srcTask := d.waitStatus(t, src, "RUNNING", time.Minute)
+	srcTask := d.WaitStatus(t, src, "RUNNING", time.Minute)
 	d.startWorker(t, src)
 	at := d.workerAnswers(t, src, "hold")
 
 	// What a fork that crashed after making a clone leaves: a container still marked pending by a process
 	// that is gone. The next fork removes it first.
-	if out, rc, err := d.ctr("containers", "create", "--snapshotter", "cube", "--label", clone.LabelForkPending+"=fork-crashed/2147483646/1",
-		imageRef, "crashed-clone", "true"); err != nil || rc != 0 {
+	if out, rc, err := d.Ctr("containers", "create", "--snapshotter", "cube", "--label", clone.LabelForkPending+"=fork-crashed/2147483646/1",
+		ImageRef, "crashed-clone", "true"); err != nil || rc != 0 {
 		t.Fatalf("ctr containers create: rc %d %v\n%s", rc, err, out)
 	}
-	out, errOut, rc := d.cubeRun(t, "fork", src, "-n", "3", "--prefix", "clone", "--json")
+	out, errOut, rc := d.CubeRun(t, "fork", src, "-n", "3", "--prefix", "clone", "--json")
 	var f forked
 	if rc != 0 || json.Unmarshal([]byte(out), &f) != nil || len(f.Clones) != 3 {
 		t.Fatalf("cube fork -n 3: rc %d\n%s%s", rc, out, errOut)
 	}
 	for _, c := range f.Clones {
-		t.Cleanup(func() { d.remove(t, c.ID) })
+		t.Cleanup(func() { d.Remove(t, c.ID) })
 	}
 	if d.containers(t)["crashed-clone"] || !strings.Contains(errOut, "removed crashed-clone") {
 		t.Errorf("the crashed fork's clone: still there %v, stderr %q", d.containers(t)["crashed-clone"], errOut)
 	}
 	// The clones the fork kept are no longer marked pending (a later fork would take them for a crashed one's).
-	if pending, rc, err := d.ctrQuiet(nil, "containers", "ls", "-q", "labels.\""+clone.LabelForkPending+"\""); err != nil || rc != 0 || strings.TrimSpace(pending) != "" {
+	if pending, rc, err := d.CtrQuiet(nil, "containers", "ls", "-q", "labels.\""+clone.LabelForkPending+"\""); err != nil || rc != 0 || strings.TrimSpace(pending) != "" {
 		t.Errorf("containers still marked pending after the fork: %q rc %d %v", pending, rc, err)
 	}
-	tasks := d.tasks(t)
-	pids := map[int]bool{srcTask.pid: true}
+	tasks := d.Tasks(t)
+	pids := map[int]bool{srcTask.PID: true}
 	for _, c := range f.Clones {
 		tk := tasks[c.ID]
-		if c.Error != "" || tk.status != "RUNNING" || pids[tk.pid] || tk.pid != c.VMMPid {
+		if c.Error != "" || tk.Status != "RUNNING" || pids[tk.PID] || tk.PID != c.VMMPid {
 			t.Errorf("clone %s: %+v, task %+v: want RUNNING in a VMM of its own", c.ID, c, tk)
 		}
-		pids[tk.pid] = true
-		rss, pss := memoryOf(tk.pid)
-		t.Logf("clone %s: VMM pid %d, Rss %s kB, Pss %s kB (memory shared with the other clones through the snapshot's files)", c.ID, tk.pid, rss, pss)
+		pids[tk.PID] = true
+		rss, pss := memoryOf(tk.PID)
+		t.Logf("clone %s: VMM pid %d, Rss %s kB, Pss %s kB (memory shared with the other clones through the snapshot's files)", c.ID, tk.PID, rss, pss)
 	}
-	rss, pss := memoryOf(srcTask.pid)
-	t.Logf("source: VMM pid %d, Rss %s kB, Pss %s kB", srcTask.pid, rss, pss)
+	rss, pss := memoryOf(srcTask.PID)
+	t.Logf("source: VMM pid %d, Rss %s kB, Pss %s kB", srcTask.PID, rss, pss)
 	// Each clone's worker is the source's at the fork, exactly.
 	for _, c := range f.Clones {
 		if got := d.workerAnswers(t, c.ID, "query"); !got.same(at) {
@@ -131,13 +131,13 @@ func TestCubeForkAndRestore(t *testing.T) {
 	if got := d.workerAnswers(t, src, "query"); !got.same(at) {
 		t.Errorf("the source's held worker changed across the fork: %+v, want %+v", got, at)
 	}
-	if now := d.tasks(t)[src]; now.status != "RUNNING" || now.pid != srcTask.pid {
-		t.Errorf("the source after the fork: %+v, want RUNNING with VMM pid %d", now, srcTask.pid)
+	if now := d.Tasks(t)[src]; now.Status != "RUNNING" || now.PID != srcTask.PID {
+		t.Errorf("the source after the fork: %+v, want RUNNING with VMM pid %d", now, srcTask.PID)
 	}
 	// The clones' RNGs were reseeded: their random bytes differ.
 	seen := map[string]string{}
 	for _, c := range f.Clones {
-		out, rc, err := d.ctrQuiet(nil, "task", "exec", "--exec-id", "rnd", c.ID, "busybox", "od", "-An", "-tx1", "-N16", "/dev/urandom")
+		out, rc, err := d.CtrQuiet(nil, "task", "exec", "--exec-id", "rnd", c.ID, "busybox", "od", "-An", "-tx1", "-N16", "/dev/urandom")
 		r := strings.Join(strings.Fields(out), "")
 		if err != nil || rc != 0 || len(r) != 32 {
 			t.Fatalf("read /dev/urandom in %s: rc %d %v\n%s", c.ID, rc, err, out)
@@ -148,17 +148,17 @@ func TestCubeForkAndRestore(t *testing.T) {
 		seen[r] = c.ID
 	}
 	// The fork's temporary snapshot is gone.
-	if out, _ := d.cube(t, "snapshots", "ls", "-q"); strings.TrimSpace(out) != "" {
+	if out, _ := d.Cube(t, "snapshots", "ls", "-q"); strings.TrimSpace(out) != "" {
 		t.Errorf("the store after the fork: %q, want it empty", out)
 	}
 
 	// All or nothing: the third clone's id is taken, so its restore fails;
 	// the two made are removed, the taken id's container is not touched.
-	if out, rc, err := d.ctr("containers", "create", "--snapshotter", "cube", "--runtime", "io.cube.v1", imageRef, "bad-3", "true"); err != nil || rc != 0 {
+	if out, rc, err := d.Ctr("containers", "create", "--snapshotter", "cube", "--runtime", "io.cube.v1", ImageRef, "bad-3", "true"); err != nil || rc != 0 {
 		t.Fatalf("ctr containers create bad-3: rc %d %v\n%s", rc, err, out)
 	}
-	t.Cleanup(func() { d.ctrQuiet(nil, "containers", "rm", "bad-3") })
-	out, errOut, rc = d.cubeRun(t, "fork", src, "-n", "3", "--prefix", "bad", "--all-or-nothing")
+	t.Cleanup(func() { d.CtrQuiet(nil, "containers", "rm", "bad-3") })
+	out, errOut, rc = d.CubeRun(t, "fork", src, "-n", "3", "--prefix", "bad", "--all-or-nothing")
 	if rc != 1 || !strings.Contains(out, "bad-1 removed") || !strings.Contains(out, "bad-2 removed") || !strings.Contains(out+errOut, "bad-3 failed") {
 		t.Errorf("fork with a failing third clone: rc %d\n%s%s", rc, out, errOut)
 	}
@@ -166,10 +166,10 @@ func TestCubeForkAndRestore(t *testing.T) {
 	if cs["bad-1"] || cs["bad-2"] || !cs["bad-3"] {
 		t.Errorf("containers after the failed all-or-nothing fork: %v", cs)
 	}
-	if _, ok := d.tasks(t)["bad-1"]; ok {
+	if _, ok := d.Tasks(t)["bad-1"]; ok {
 		t.Error("a task of the failed fork is left")
 	}
-	if out, _ := d.cube(t, "snapshots", "ls", "-q"); strings.TrimSpace(out) != "" {
+	if out, _ := d.Cube(t, "snapshots", "ls", "-q"); strings.TrimSpace(out) != "" {
 		t.Errorf("the store after the failed fork: %q, want it empty", out)
 	}
 
@@ -177,29 +177,29 @@ func TestCubeForkAndRestore(t *testing.T) {
 	// a new container from the snapshot.
 	d.workerAnswers(t, src, "hold")
 	at = d.workerAnswers(t, src, "query")
-	snap := d.cubeJSON(t, "snapshot", src, "--name", "for-restore", "--json")
+	snap := d.CubeJSON(t, "snapshot", src, "--name", "for-restore", "--json")
 	held = append(held, snap.ID)
-	d.remove(t, src)
+	d.Remove(t, src)
 	srcRemoved = true
 	const restored = "cube-restored"
-	if out, errOut, rc := d.cubeRun(t, "restore", "for-restore", restored); rc != 0 {
+	if out, errOut, rc := d.CubeRun(t, "restore", "for-restore", restored); rc != 0 {
 		t.Fatalf("cube restore: rc %d\n%s%s", rc, out, errOut)
 	}
 	restoredRemoved := false
 	t.Cleanup(func() {
 		if !restoredRemoved {
-			d.remove(t, restored)
+			d.Remove(t, restored)
 		}
 	})
-	d.waitStatus(t, restored, "RUNNING", time.Minute)
+	d.WaitStatus(t, restored, "RUNNING", time.Minute)
 	if got := d.workerAnswers(t, restored, "query"); !got.same(at) {
 		t.Fatalf("the restored worker: %+v, want the snapshot's %+v", got, at)
 	}
 	d.workerAnswers(t, restored, "release")
 	d.workerAbove(t, restored, at.Counter)
-	if out, rc := d.cube(t, "snapshots", "rm", "for-restore"); rc != 1 || !strings.Contains(out, "sandbox e2e/"+restored) {
+	if out, rc := d.Cube(t, "snapshots", "rm", "for-restore"); rc != 1 || !strings.Contains(out, "sandbox e2e/"+restored) {
 		t.Errorf("rm of the snapshot the restored VM maps: rc %d\n%s", rc, out)
 	}
-	d.remove(t, restored)
+	d.Remove(t, restored)
 	restoredRemoved = true
 }

@@ -34,8 +34,8 @@ const (
 pid=$(echo "$state" | busybox sed -n 's/.*"pid":\([0-9]*\).*/\1/p')
 status=$(echo "$state" | busybox sed -n 's/.*"status":"\([a-z]*\)".*/\1/p')
 echo "hook $1 status=$status pid=$pid" >> %[1]s/hook.log
-CNI_COMMAND=$1 CNI_CONTAINERID=%[2]s CNI_NETNS=/proc/$pid/ns/net CNI_IFNAME=eth0 CNI_PATH=` + criCNIBinDir + ` \
-	` + criCNIBinDir + `/bridge < %[1]s/cni.json >> %[1]s/hook.log 2>&1`
+CNI_COMMAND=$1 CNI_CONTAINERID=%[2]s CNI_NETNS=/proc/$pid/ns/net CNI_IFNAME=eth0 CNI_PATH=` + CNIBinDir + ` \
+	` + CNIBinDir + `/bridge < %[1]s/cni.json >> %[1]s/hook.log 2>&1`
 )
 
 // TestCtrHookNetwork is issue 16's ctr hook path: an io.cube.v1 container
@@ -47,14 +47,14 @@ CNI_COMMAND=$1 CNI_CONTAINERID=%[2]s CNI_NETNS=/proc/$pid/ns/net CNI_IFNAME=eth0
 // CNI gave; deleting the container runs the poststop hook and leaves no
 // bridge port. `cube network policy` reaches the same network.
 func TestCtrHookNetwork(t *testing.T) {
-	d := startDaemons(t)
+	d := StartDaemons(t)
 	for _, p := range []string{"bridge", "host-local"} {
-		if _, err := os.Stat(filepath.Join(criCNIBinDir, p)); err != nil {
+		if _, err := os.Stat(filepath.Join(CNIBinDir, p)); err != nil {
 			t.Fatalf("CNI plugin %s not in the test host (Debian's containernetworking-plugins: .ci/install.d/containerd.sh)", p)
 		}
 	}
 	const id = "hooknet"
-	dir := filepath.Join(d.dir, "hook")
+	dir := filepath.Join(d.Dir, "hook")
 	os.MkdirAll(dir, 0o755)
 	os.WriteFile(filepath.Join(dir, "cni.json"), []byte(hookCNIConf), 0o644)
 	script := fmt.Sprintf(hookCNIScript, dir, id)
@@ -67,14 +67,14 @@ func TestCtrHookNetwork(t *testing.T) {
 	}
 	hookLog := func() string { b, _ := os.ReadFile(filepath.Join(dir, "hook.log")); return string(b) }
 
-	client, err := containerd.New(d.dir + "/containerd.sock")
+	client, err := containerd.New(d.Dir + "/containerd.sock")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer client.Close()
 	ctx, cancel := context.WithTimeout(namespaces.WithNamespace(context.Background(), "e2e"), 10*time.Minute)
 	defer cancel()
-	img, err := client.GetImage(ctx, imageRef)
+	img, err := client.GetImage(ctx, ImageRef)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +134,7 @@ func TestCtrHookNetwork(t *testing.T) {
 	} else {
 		t.Logf("hook network: the test host reached the container's server at %s", ip)
 	}
-	if out, rc := d.cube(t, "network", "policy", id); rc != 0 || !strings.Contains(out, "internet   allowed") {
+	if out, rc := d.Cube(t, "network", "policy", id); rc != 0 || !strings.Contains(out, "internet   allowed") {
 		t.Errorf("cube network policy on the hook network: rc %d\n%s", rc, out)
 	}
 

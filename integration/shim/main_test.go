@@ -18,23 +18,6 @@ import (
 	"github.com/cube-runtime/cube/integration/testhost"
 )
 
-// Paths inside the test host.
-const (
-	cubeVMM     = sandboxenv.CubeVMM
-	guestKernel = sandboxenv.GuestKernel
-	guestInitrd = sandboxenv.GuestInitrd
-	rootfsImage = sandboxenv.RootfsImage
-	// For the containerd test: containerd 2.4.2 and ctr from the machine,
-	// our shim and snapshotter (and the cube CLI: cubeBin), and a busybox OCI
-	// image tar.
-	containerdBin  = "/cube/bin/containerd"
-	ctrBin         = "/cube/bin/ctr"
-	shimBin        = "/cube/bin/containerd-shim-cube-v1"
-	snapshotterBin = "/cube/bin/cube-snapshotter"
-	imageTar       = "/cube/image.tar"
-	imageRef       = "docker.io/cube/e2e:latest"
-)
-
 func TestMain(m *testing.M) {
 	if testhost.Inside() {
 		os.Exit(m.Run())
@@ -46,20 +29,20 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	env, err := sandboxenv.Prepare("cube-shim-e2e-", map[string]string{
-		shimBin:        "github.com/cube-runtime/cube/cmd/containerd-shim-cube-v1",
-		snapshotterBin: "github.com/cube-runtime/cube/cmd/cube-snapshotter",
-		cubeBin:        "github.com/cube-runtime/cube/cmd/cube",
+		ShimBin:        "github.com/cube-runtime/cube/cmd/containerd-shim-cube-v1",
+		SnapshotterBin: "github.com/cube-runtime/cube/cmd/cube-snapshotter",
+		CubeBin:        "github.com/cube-runtime/cube/cmd/cube",
 		// TestCubeSnapshots' rollback worker (static: it runs in the busybox image).
 		workerBin: "github.com/cube-runtime/cube/integration/snapshot/worker",
 		apiBin:    "github.com/cube-runtime/cube/cmd/cube-api",
 		demoBin:   "github.com/cube-runtime/cube/contrib/sdk/go/examples/demo",
 	})
 	if err == nil {
-		err = writeImageTar(env)
+		err = WriteImageTar(env)
 	}
 	if err == nil {
 		// The CRI test's containerd imports the contrib snippet as shipped.
-		env.Files[criContribConfig], err = filepath.Abs("../../contrib/containerd/cube-runtime.toml")
+		env.Files[CRIContribConfig], err = filepath.Abs("../../contrib/containerd/cube-runtime.toml")
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "FAIL: prepare guest artifacts: %v\n", err)
@@ -70,7 +53,7 @@ func TestMain(m *testing.M) {
 	}
 	// containerd and ctr come from the machine (.ci/install.d/containerd.sh);
 	// without them TestCtrRun skips inside the test host and says so.
-	for dst, name := range map[string]string{containerdBin: "containerd", ctrBin: "ctr", crictlBin: "crictl",
+	for dst, name := range map[string]string{ContainerdBin: "containerd", CtrBin: "ctr", CrictlBin: "crictl",
 		"/cube/bin/containerd-shim-runc-v2": "containerd-shim-runc-v2", "/cube/bin/runc": "runc"} {
 		if p, err := exec.LookPath(name); err == nil {
 			env.Files[dst] = p
@@ -78,9 +61,9 @@ func TestMain(m *testing.M) {
 	}
 	// CNI plugins for the CRI pod's network (Debian's containernetworking-plugins, installed by
 	// .ci/install.d/containerd.sh); without them the CRI test's pod is host-network and says so.
-	for _, name := range criCNIPlugins {
-		if p := filepath.Join("/usr/lib/cni", name); fileExists(p) {
-			env.Files[filepath.Join(criCNIBinDir, name)] = p
+	for _, name := range CNIPlugins {
+		if p := filepath.Join("/usr/lib/cni", name); FileExists(p) {
+			env.Files[filepath.Join(CNIBinDir, name)] = p
 		}
 	}
 	var envs []string
@@ -111,19 +94,3 @@ func TestMain(m *testing.M) {
 	env.Close() // not deferred: os.Exit skips deferred calls
 	os.Exit(code)
 }
-
-// writeImageTar writes the busybox OCI image tar that TestCtrRun imports.
-func writeImageTar(env *sandboxenv.Env) error {
-	img, err := ociImageTar("/bin/busybox", imageRef, []string{"sh", "echo", "cat", "sleep", "hostname", "true"})
-	if err != nil {
-		return fmt.Errorf("image tar: %w", err)
-	}
-	p := filepath.Join(env.Dir, "image.tar")
-	if err := os.WriteFile(p, img, 0o644); err != nil {
-		return err
-	}
-	env.Files[imageTar] = p
-	return nil
-}
-
-func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }

@@ -31,9 +31,9 @@ func (w workerState) same(o workerState) bool {
 
 // worker asks the worker in container id (a `ctr task exec` of its client
 // mode); ok is false when it does not answer.
-func (d *daemons) worker(t *testing.T, id, cmd string) (workerState, bool) {
+func (d *Daemons) worker(t *testing.T, id, cmd string) (workerState, bool) {
 	t.Helper()
-	out, rc, err := d.ctrQuiet(nil, "task", "exec", "--exec-id", "q"+strings.ReplaceAll(time.Now().Format("150405.000000000"), ".", ""),
+	out, rc, err := d.CtrQuiet(nil, "task", "exec", "--exec-id", "q"+strings.ReplaceAll(time.Now().Format("150405.000000000"), ".", ""),
 		id, "/worker", workerSock, cmd)
 	var st workerState
 	if err != nil || rc != 0 || json.Unmarshal([]byte(strings.TrimSpace(out)), &st) != nil {
@@ -43,7 +43,7 @@ func (d *daemons) worker(t *testing.T, id, cmd string) (workerState, bool) {
 }
 
 // workerAnswers waits until the worker answers cmd.
-func (d *daemons) workerAnswers(t *testing.T, id, cmd string) workerState {
+func (d *Daemons) workerAnswers(t *testing.T, id, cmd string) workerState {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
@@ -58,7 +58,7 @@ func (d *daemons) workerAnswers(t *testing.T, id, cmd string) workerState {
 }
 
 // workerAbove waits until the worker's counter passes n.
-func (d *daemons) workerAbove(t *testing.T, id string, n int64) workerState {
+func (d *Daemons) workerAbove(t *testing.T, id string, n int64) workerState {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
@@ -87,14 +87,14 @@ func (d *daemons) workerAbove(t *testing.T, id string, n int64) workerState {
 //
 // It returns the snapshots' ids (the sandbox holds the one it rolled back to
 // until it ends).
-func (d *daemons) rollbackRounds(t *testing.T, id string, vmmPid int) []string {
+func (d *Daemons) rollbackRounds(t *testing.T, id string, vmmPid int) []string {
 	t.Helper()
 	wk := d.startWorker(t, id)
 
 	a, atA := d.heldSnapshot(t, id, "round-a")
 	// Round 1, with an exec the snapshot does not have.
 	d.killWorker(t, id, wk, atA.PID)
-	late := d.ctrBG(t, "task", "exec", "--exec-id", "late", id, "sleep", "1000")
+	late := d.CtrBG(t, "task", "exec", "--exec-id", "late", id, "sleep", "1000")
 	time.Sleep(time.Second)
 	out := d.rollbackTo(t, id, vmmPid, "round-a", atA)
 	if m := rolledBackMemory(out); m != "rewrite-dirty" {
@@ -105,11 +105,11 @@ func (d *daemons) rollbackRounds(t *testing.T, id string, vmmPid int) []string {
 			t.Errorf("round 1: cube rollback's output lacks %q:\n%s", want, out)
 		}
 	}
-	if rc, out := late.wait(t, time.Minute); rc != 137 {
+	if rc, out := late.Wait(t, time.Minute); rc != 137 {
 		t.Errorf("the exec started after the snapshot: rc %d, want 137\n%s", rc, out)
 	}
 	// The sandbox holds the snapshot: deleting it is refused, naming it.
-	if out, rc := d.cube(t, "snapshots", "rm", "round-a"); rc != 1 || !strings.Contains(out, `"sandbox e2e/`+id+`"`) {
+	if out, rc := d.Cube(t, "snapshots", "rm", "round-a"); rc != 1 || !strings.Contains(out, `"sandbox e2e/`+id+`"`) {
 		t.Errorf("rm of the snapshot the sandbox rolled back to: rc %d\n%s", rc, out)
 	}
 
@@ -133,10 +133,10 @@ func (d *daemons) rollbackRounds(t *testing.T, id string, vmmPid int) []string {
 // --name name`, checks the held worker did not change across it, releases it
 // and waits until it advances; it returns the snapshot's id and the worker's
 // state in it.
-func (d *daemons) heldSnapshot(t *testing.T, id, name string) (string, workerState) {
+func (d *Daemons) heldSnapshot(t *testing.T, id, name string) (string, workerState) {
 	t.Helper()
 	at := d.workerAnswers(t, id, "hold")
-	snap := d.cubeJSON(t, "snapshot", id, "--name", name, "--json")
+	snap := d.CubeJSON(t, "snapshot", id, "--name", name, "--json")
 	if st := d.workerAnswers(t, id, "query"); !st.same(at) {
 		t.Fatalf("the held worker changed across snapshot %s: %+v, then %+v", name, at, st)
 	}
@@ -150,17 +150,17 @@ func (d *daemons) heldSnapshot(t *testing.T, id, name string) (string, workerSta
 // status must be 137; without, the worker is one a rollback revived after
 // containerd deleted its exec (rollback reports it "unknown": ctr cannot
 // reach it), and busybox kill in the guest ends it by pid.
-func (d *daemons) killWorker(t *testing.T, id string, wk *bg, pid int) {
+func (d *Daemons) killWorker(t *testing.T, id string, wk *BG, pid int) {
 	t.Helper()
 	args := []string{"task", "kill", "-s", "SIGKILL", "--exec-id", "worker", id}
 	if wk == nil {
 		args = []string{"task", "exec", "--exec-id", "kill-worker", id, "busybox", "kill", "-KILL", strconv.Itoa(pid)}
 	}
-	if out, rc, err := d.ctrQuiet(nil, args...); err != nil || rc != 0 {
+	if out, rc, err := d.CtrQuiet(nil, args...); err != nil || rc != 0 {
 		t.Fatalf("kill the worker (ctr %s): rc %d %v\n%s", strings.Join(args, " "), rc, err, out)
 	}
 	if wk != nil {
-		if rc, out := wk.wait(t, time.Minute); rc != 137 {
+		if rc, out := wk.Wait(t, time.Minute); rc != 137 {
 			t.Fatalf("the killed worker's exec: rc %d, want 137\n%s", rc, out)
 		}
 	}
@@ -180,21 +180,21 @@ func (d *daemons) killWorker(t *testing.T, id string, wk *bg, pid int) {
 // rollbackTo runs `cube rollback id ref` and checks that the worker answers
 // with want exactly, the task runs on in the same VMM, and, released, the
 // worker and the init's counter advance. It returns cube rollback's output.
-func (d *daemons) rollbackTo(t *testing.T, id string, vmmPid int, ref string, want workerState) string {
+func (d *Daemons) rollbackTo(t *testing.T, id string, vmmPid int, ref string, want workerState) string {
 	t.Helper()
-	out, errOut, rc := d.cubeRun(t, "rollback", id, ref)
+	out, errOut, rc := d.CubeRun(t, "rollback", id, ref)
 	if rc != 0 {
 		t.Fatalf("cube rollback %s: rc %d\n%s%s", ref, rc, out, errOut)
 	}
 	if got := d.workerAnswers(t, id, "query"); !got.same(want) {
 		t.Fatalf("after the rollback to %s the worker is %+v, want the snapshot's %+v", ref, got, want)
 	}
-	if now := d.tasks(t)[id]; now.status != "RUNNING" || now.pid != vmmPid {
+	if now := d.Tasks(t)[id]; now.Status != "RUNNING" || now.PID != vmmPid {
 		t.Errorf("after the rollback to %s the task is %+v, want RUNNING with VMM pid %d", ref, now, vmmPid)
 	}
 	d.workerAnswers(t, id, "release")
 	d.workerAbove(t, id, want.Counter)
-	d.counterAbove(t, id, d.readCounter(t, id))
+	d.CounterAbove(t, id, d.ReadCounter(t, id))
 	return out
 }
 

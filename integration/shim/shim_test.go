@@ -57,7 +57,7 @@ func newEnv(t *testing.T) *env {
 		Publisher: e.events,
 		LoadConfig: func(string) (config.Config, error) {
 			c := config.Default()
-			c.VMM, c.Kernel, c.Initrd = cubeVMM, guestKernel, guestInitrd
+			c.VMM, c.Kernel, c.Initrd = CubeVMM, GuestKernel, GuestInitrd
 			// After "--" the kernel hands the rest to /init: the agent logs at debug level.
 			c.Cmdline = "console=ttyS0 panic=-1 quiet -- -debug"
 			c.StateDir = e.stateDir
@@ -90,7 +90,7 @@ func (e *env) bundle(id string, args ...string) (string, string) {
 	if err := os.WriteFile(filepath.Join(dir, "config.json"), b, 0o644); err != nil {
 		e.t.Fatal(err)
 	}
-	img, err := os.ReadFile(rootfsImage)
+	img, err := os.ReadFile(RootfsImage)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -25,18 +25,18 @@ const (
 // initramfs unpacker skips NUL padding) a new template is made under a new
 // key; `cube templates ls|rm` list and remove them.
 func TestTemplatesByDefault(t *testing.T) {
-	d := startDaemons(t)
-	tdir := filepath.Join(d.dir, "templates")
-	base := fmt.Sprintf(shimConfig, cubeVMM, guestKernel, guestInitrd, d.dir) + fmt.Sprintf("template_dir = %q\n", tdir)
-	conf := filepath.Join(d.dir, "shim-tmpl.toml")
+	d := StartDaemons(t)
+	tdir := filepath.Join(d.Dir, "templates")
+	base := fmt.Sprintf(ShimConfig, CubeVMM, GuestKernel, GuestInitrd, d.Dir) + fmt.Sprintf("template_dir = %q\n", tdir)
+	conf := filepath.Join(d.Dir, "shim-tmpl.toml")
 	if err := os.WriteFile(conf, []byte(base), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	run := func(conf, id string) string {
 		t.Helper()
-		from := d.logSize()
-		args := append(append([]string{"run", "--rm", "--runtime-config-path", conf}, cubeRuntime.args...), imageRef, id, "echo", "hello-"+id)
-		out, rc, err := d.ctr(args...)
+		from := d.LogSize()
+		args := append(append([]string{"run", "--rm", "--runtime-config-path", conf}, CubeRuntime.Args...), ImageRef, id, "echo", "hello-"+id)
+		out, rc, err := d.Ctr(args...)
 		if err != nil || rc != 0 || !strings.Contains(out, "hello-"+id) {
 			t.Fatalf("ctr run %s: rc %d %v\n%s", id, rc, err, out)
 		}
@@ -72,16 +72,16 @@ func TestTemplatesByDefault(t *testing.T) {
 	}
 
 	// A changed initrd: a new key, made on its first use.
-	img, err := os.ReadFile(guestInitrd)
+	img, err := os.ReadFile(GuestInitrd)
 	if err != nil {
 		t.Fatal(err)
 	}
-	initrd2 := filepath.Join(d.dir, "initrd2.img")
+	initrd2 := filepath.Join(d.Dir, "initrd2.img")
 	if err := os.WriteFile(initrd2, append(img, make([]byte, 512)...), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	conf2 := filepath.Join(d.dir, "shim-tmpl2.toml")
-	body2 := fmt.Sprintf(shimConfig, cubeVMM, guestKernel, initrd2, d.dir) + fmt.Sprintf("template_dir = %q\n", tdir)
+	conf2 := filepath.Join(d.Dir, "shim-tmpl2.toml")
+	body2 := fmt.Sprintf(ShimConfig, CubeVMM, GuestKernel, initrd2, d.Dir) + fmt.Sprintf("template_dir = %q\n", tdir)
 	if err := os.WriteFile(conf2, []byte(body2), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -96,11 +96,11 @@ func TestTemplatesByDefault(t *testing.T) {
 
 	second := l[1].Key
 	// The CLI lists both and removes the old one.
-	out, rc := d.cube(t, "templates", "ls", "--dir", tdir)
+	out, rc := d.Cube(t, "templates", "ls", "--dir", tdir)
 	if rc != 0 || !strings.Contains(out, first.Key) || !strings.Contains(out, second) || !strings.Contains(out, "initrd2.img") {
 		t.Fatalf("cube templates ls: rc %d\n%s", rc, out)
 	}
-	if out, rc := d.cube(t, "templates", "rm", "--dir", tdir, first.Key); rc != 0 {
+	if out, rc := d.Cube(t, "templates", "rm", "--dir", tdir, first.Key); rc != 0 {
 		t.Fatalf("cube templates rm: rc %d\n%s", rc, out)
 	}
 	if l := keys(); len(l) != 1 || l[0].Key != second {
@@ -109,8 +109,8 @@ func TestTemplatesByDefault(t *testing.T) {
 }
 
 // logFrom is containerd's log (with the shims' lines) from byte offset from.
-func (d *daemons) logFrom(from int64) string {
-	b, _ := os.ReadFile(filepath.Join(d.dir, "containerd.log"))
+func (d *Daemons) logFrom(from int64) string {
+	b, _ := os.ReadFile(filepath.Join(d.Dir, "containerd.log"))
 	if from > int64(len(b)) {
 		return ""
 	}
@@ -150,7 +150,7 @@ func TestCRIPodFromTemplate(t *testing.T) {
 		t.Fatalf("pod sandbox not restored from a template; shim log:\n%s", grepLines(log, "template"))
 	}
 	cj := filepath.Join(c.dir, "app.json")
-	os.WriteFile(cj, fmt.Appendf(nil, criContainerConfig, "app", imageRef), 0o644)
+	os.WriteFile(cj, fmt.Appendf(nil, criContainerConfig, "app", ImageRef), 0o644)
 	out, err = c.crictl("create", pod, cj, podJSON)
 	if err != nil {
 		t.Fatal(err)

@@ -10,10 +10,10 @@ import (
 	"time"
 )
 
-// ociImageTar writes a single-layer OCI image layout tar of busybox (for
+// OCIImageTar writes a single-layer OCI image layout tar of busybox (for
 // `ctr images import`): the layer holds /bin/busybox and applet links. cmd
 // is the image's command (default /bin/sh).
-func ociImageTar(busybox, name string, applets []string, cmd ...string) ([]byte, error) {
+func OCIImageTar(busybox, name string, applets []string, cmd ...string) ([]byte, error) {
 	if len(cmd) == 0 {
 		cmd = []string{"/bin/sh"}
 	}

@@ -13,19 +13,19 @@ import (
 // stopped, with the sandbox's VMM gone; benchloss.Sandbox reads the shim's words for it in ctr's output and in
 // containerd's log. The sandbox's console log goes with its state directory, so that is the evidence there is.
 
-// logSize is where containerd's log ends now: the start of what a run adds to it.
-func (d *daemons) logSize() int64 {
-	fi, err := os.Stat(filepath.Join(d.dir, "containerd.log"))
+// LogSize is where containerd's log ends now: the start of what a run adds to it.
+func (d *Daemons) LogSize() int64 {
+	fi, err := os.Stat(filepath.Join(d.Dir, "containerd.log"))
 	if err != nil {
 		return 0
 	}
 	return fi.Size()
 }
 
-// vmmLog is what containerd's log got since from about sandbox VMs: the shim's lines about its VMM and the
+// VMMLog is what containerd's log got since from about sandbox VMs: the shim's lines about its VMM and the
 // VMM's own (its stderr, with the console tail of a panic).
-func (d *daemons) vmmLog(from int64) string {
-	f, err := os.Open(filepath.Join(d.dir, "containerd.log"))
+func (d *Daemons) VMMLog(from int64) string {
+	f, err := os.Open(filepath.Join(d.Dir, "containerd.log"))
 	if err != nil {
 		return err.Error()
 	}
@@ -39,15 +39,15 @@ func (d *daemons) vmmLog(from int64) string {
 			b.WriteString(l + "\n")
 		}
 	}
-	return lastLines(b.String(), 20)
+	return LastLines(b.String(), 20)
 }
 
-// ctrFailure is the error of a benchmark's failed `ctr args` (rc, its output out, containerd's log since
+// CtrFailure is the error of a benchmark's failed `ctr args` (rc, its output out, containerd's log since
 // from), classified: ctr killed at its timeout (rc -1) is a stall, and benchloss.Sandbox reads the rest.
-func (d *daemons) ctrFailure(args []string, out string, rc int, err error, from int64) error {
-	log := d.vmmLog(from)
+func (d *Daemons) CtrFailure(args []string, out string, rc int, err error, from int64) error {
+	log := d.VMMLog(from)
 	ferr := fmt.Errorf("ctr %s: rc %d %v\n%s\ncontainerd log of the run (sandbox lines):\n%s", strings.Join(args, " "), rc, err,
-		lastLines(strings.TrimSpace(out), 20), log)
+		LastLines(strings.TrimSpace(out), 20), log)
 	switch {
 	case err != nil: // ctr did not run
 		return ferr
@@ -57,8 +57,8 @@ func (d *daemons) ctrFailure(args []string, out string, rc int, err error, from 
 	return benchloss.Sandbox(out+"\n"+log, ferr)
 }
 
-// forget removes what is left of a benchmark's sandbox id after a failure.
-func (d *daemons) forget(id string) {
-	d.ctrQuiet(nil, "task", "rm", "-f", id)
-	d.ctrQuiet(nil, "container", "rm", id)
+// Forget removes what is left of a benchmark's sandbox id after a failure.
+func (d *Daemons) Forget(id string) {
+	d.CtrQuiet(nil, "task", "rm", "-f", id)
+	d.CtrQuiet(nil, "container", "rm", id)
 }
