@@ -241,7 +241,7 @@ bench-shim: deps
 # cube-vmm op alone; `ctr containers restore --live` vs a cold `ctr run -d`; `cube fork -n 1/4/8` vs as many
 # `cube restore`s, and the PSS per clone vs a cold-booted sandbox (a fork that does not fit says so).
 bench-cube: deps
-	$(GO) test -count=1 -timeout 40m -run '^$$' -bench '^BenchmarkCube$$' -benchtime 1x -v ./integration/shim
+	$(GO) test -count=1 -timeout 40m -run '^$$' -bench '^BenchmarkCube$$' -benchtime 1x -v ./integration/checkpoint
 
 fuzz-shim:
 	$(GO) test -run '^$$' -fuzz FuzzParse$$ -fuzztime $(FUZZTIME) ./shim/config
@@ -309,7 +309,7 @@ cube-api:
 
 # In the test host: cube-api against containerd, the shim and cube-vmm, driven through the Go SDK.
 e2e-api: deps
-	$(GO) test -count=1 -timeout 60m -v -run TestCubeAPI ./integration/shim
+	$(GO) test -count=1 -timeout 60m -v -run TestCubeAPI ./integration/checkpoint
 
 # The facade's unit tests and both SDKs' (the Python suite runs through contrib/sdk/python's Go test).
 test-sdk:

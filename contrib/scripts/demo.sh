@@ -2,7 +2,7 @@
 # demo.sh — `make demo`: Cube's story through the Python SDK, run from this machine's shell.
 #
 # The stack runs in the test host (containerd 2.4.2, cube-snapshotter, containerd-shim-cube-v1, cube-vmm on
-# nested KVM, and cube-api: `go test -run '^TestDemo$' ./integration/shim` with CUBE_DEMO_PORT set), which
+# nested KVM, and cube-api: `go test -run '^TestDemo$' ./integration/checkpoint` with CUBE_DEMO_PORT set), which
 # forwards 127.0.0.1:PORT on this machine to cube-api (one attempt: a retried test host would wait for a client
 # that already left). Here, the client a user would run:
 # contrib/sdk/python/examples/demo.py (a program counting in memory, snapshot, SIGKILL, rollback in place with
@@ -32,7 +32,7 @@ PY
 api=http://127.0.0.1:$port
 log=$(mktemp /tmp/cube-demo.XXXXXX.log)
 
-CUBE_TESTHOST_ATTEMPTS=1 CUBE_DEMO_PORT=$port go test -count=1 -v -timeout 30m -run '^TestDemo$' ./integration/shim >"$log" 2>&1 &
+CUBE_TESTHOST_ATTEMPTS=1 CUBE_DEMO_PORT=$port go test -count=1 -v -timeout 30m -run '^TestDemo$' ./integration/checkpoint >"$log" 2>&1 &
 gt=$!
 done_posted=0
 finish() {

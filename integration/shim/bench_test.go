@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cube-runtime/cube/integration/benchloss"
+	"github.com/cube-runtime/cube/integration/cubetest"
 	"github.com/cube-runtime/cube/shim/config"
 )
 
@@ -26,7 +27,7 @@ import (
 // exited 10 or was killed, or the agent never answered) is taken again,
 // counted and left out of the median (benchloss).
 func BenchmarkCtrRunTrue(b *testing.B) {
-	d := StartDaemons(b)
+	d := startDaemons(b)
 	medians := map[string]time.Duration{}
 	lost := map[string]int{}
 	run := func(b *testing.B, loss *benchloss.Counter, name string, args ...string) {
@@ -36,7 +37,7 @@ func BenchmarkCtrRunTrue(b *testing.B) {
 			loss.Stop(b, loss.Sample(fmt.Sprintf("%s run %d", name, len(times)+1), func() error {
 				n++
 				id := fmt.Sprintf("%s%d", name, n) // a fresh sandbox per attempt
-				cargs := append(append([]string{"run", "--rm"}, args...), ImageRef, id, "true")
+				cargs := append(append([]string{"run", "--rm"}, args...), cubetest.ImageRef, id, "true")
 				from := d.LogSize()
 				start := time.Now()
 				out, rc, err := d.CtrQuiet(nil, cargs...)
@@ -51,7 +52,7 @@ func BenchmarkCtrRunTrue(b *testing.B) {
 		}
 		lost[name] = loss.N()
 		if len(times) > 0 {
-			m := Median(times)
+			m := cubetest.Median(times)
 			medians[name] = m
 			b.ReportMetric(float64(m.Microseconds())/1000, "median-ms")
 			b.Logf("%s: %d runs, median %v, min %v, max %v", name, len(times), m, slices.Min(times), slices.Max(times))
@@ -67,7 +68,7 @@ func BenchmarkCtrRunTrue(b *testing.B) {
 		if _, err := os.Stat("/cube/bin/runc"); err != nil {
 			b.Skip("runc not in the test host (not found on the machine)")
 		}
-		run(b, benchloss.New(b), "runc", RuncRuntime.Args...)
+		run(b, benchloss.New(b), "runc", cubetest.RuncRuntime.Args...)
 	})
 	fmt.Print(runTable(medians, lost))
 }
@@ -102,23 +103,23 @@ func runTable(medians map[string]time.Duration, lost map[string]int) string {
 
 // coldRuntime returns the ctr run flags for io.cube.v1 with templates off
 // (`templates = false`): every sandbox cold-boots.
-func (d *Daemons) coldRuntime(tb testing.TB) []string {
+func (d *daemons) coldRuntime(tb testing.TB) []string {
 	conf := filepath.Join(d.Dir, "shim-cold.toml")
-	body := fmt.Sprintf(ShimConfig, CubeVMM, GuestKernel, GuestInitrd, d.Dir) + "templates = false\n"
+	body := fmt.Sprintf(cubetest.ShimConfig, cubetest.CubeVMM, cubetest.GuestKernel, cubetest.GuestInitrd, d.Dir) + "templates = false\n"
 	if err := os.WriteFile(conf, []byte(body), 0o644); err != nil {
 		tb.Fatal(err)
 	}
-	return append([]string{"--runtime-config-path", conf}, CubeRuntime.Args...)
+	return append([]string{"--runtime-config-path", conf}, cubetest.CubeRuntime.Args...)
 }
 
 // templateRuntime returns the ctr run flags for io.cube.v1 with the default
 // configuration (automatic templates), after one untimed probe run that
 // makes the template if no earlier run did (docs/shim.md, "Templates"). A
 // probe sandbox that is lost is run again (loss).
-func (d *Daemons) templateRuntime(b *testing.B, loss *benchloss.Counter) []string {
-	args := CubeRuntime.Args
+func (d *daemons) templateRuntime(b *testing.B, loss *benchloss.Counter) []string {
+	args := cubetest.CubeRuntime.Args
 	loss.Stop(b, loss.Sample("template probe run", func() error {
-		cargs := append(append([]string{"run", "--rm"}, args...), ImageRef, "probe", "true")
+		cargs := append(append([]string{"run", "--rm"}, args...), cubetest.ImageRef, "probe", "true")
 		from := d.LogSize()
 		start := time.Now()
 		out, rc, err := d.CtrQuiet(nil, cargs...)
@@ -142,7 +143,7 @@ func (d *Daemons) templateRuntime(b *testing.B, loss *benchloss.Counter) []strin
 // fixed budget, and prints how many fit and what each costs beyond its
 // guest's own memory. Run with -benchtime 1x: the fill is the measurement.
 func BenchmarkCtrDensity(b *testing.B) {
-	d := StartDaemons(b)
+	d := startDaemons(b)
 	b.Run("cold", func(b *testing.B) { d.density(b, benchloss.New(b), "cold", d.coldRuntime(b)) })
 	b.Run("template", func(b *testing.B) {
 		loss := benchloss.New(b)
@@ -156,7 +157,7 @@ const (
 	densityMaxBoxes  = 40 // a bound on the run time should the footprint be tiny
 )
 
-func (d *Daemons) density(b *testing.B, loss *benchloss.Counter, name string, args []string) {
+func (d *daemons) density(b *testing.B, loss *benchloss.Counter, name string, args []string) {
 	const budgetMiB, maxBoxes = densityBudgetMiB, densityMaxBoxes
 	var ids []string
 	defer func() {
@@ -173,7 +174,7 @@ func (d *Daemons) density(b *testing.B, loss *benchloss.Counter, name string, ar
 	n := len(ids)
 	memDrop := memBefore - memAvailableKiB()
 	per := func(kib int64) float64 { return float64(kib) / 1024 / float64(n) }
-	cfg, _ := config.Parse(fmt.Appendf(nil, ShimConfig, CubeVMM, GuestKernel, GuestInitrd, d.Dir))
+	cfg, _ := config.Parse(fmt.Appendf(nil, cubetest.ShimConfig, cubetest.CubeVMM, cubetest.GuestKernel, cubetest.GuestInitrd, d.Dir))
 	overhead := per(total.vmmOtherKiB + total.shimKiB)
 	fits := int(float64(budgetMiB) / (float64(total.totalKiB()) / 1024 / float64(n)))
 	b.ReportMetric(float64(fits), "sandboxes/GiB")
@@ -202,7 +203,7 @@ func (d *Daemons) density(b *testing.B, loss *benchloss.Counter, name string, ar
 // fill starts idle sandboxes until their footprint reaches the budget (or the cap), and returns it and why
 // the fill ended early, if it did (a sandbox that failed to start, past the first: the fill is the measure).
 // A sandbox whose VM is lost is removed, counted and started again under a new id.
-func (d *Daemons) fill(b *testing.B, loss *benchloss.Counter, name string, args []string, ids *[]string) (footprint, string) {
+func (d *daemons) fill(b *testing.B, loss *benchloss.Counter, name string, args []string, ids *[]string) (footprint, string) {
 	var total footprint
 	for n := 0; len(*ids) < densityMaxBoxes && total.totalKiB() < densityBudgetMiB*1024; {
 		var started string
@@ -219,7 +220,7 @@ func (d *Daemons) fill(b *testing.B, loss *benchloss.Counter, name string, args 
 				b.Fatal(err)
 			}
 			// Report what fit so far, and why the next one did not.
-			stopped := fmt.Sprintf("sandbox %d failed to start: %s", len(*ids)+1, FirstLine(err.Error()))
+			stopped := fmt.Sprintf("sandbox %d failed to start: %s", len(*ids)+1, cubetest.FirstLine(err.Error()))
 			b.Log(stopped)
 			return total, stopped
 		}
@@ -234,8 +235,8 @@ func (d *Daemons) fill(b *testing.B, loss *benchloss.Counter, name string, args 
 // startIdle starts sandbox id (`ctr run -d … sleep`) and lets it settle (the guest finished booting and the
 // container started; idle from here on); a sandbox that failed or no longer runs is removed, with its failure
 // classified (benchloss.Sandbox).
-func (d *Daemons) startIdle(id string, args []string) error {
-	cargs := append(append([]string{"run", "-d"}, args...), ImageRef, id, "sleep", "100000")
+func (d *daemons) startIdle(id string, args []string) error {
+	cargs := append(append([]string{"run", "-d"}, args...), cubetest.ImageRef, id, "sleep", "100000")
 	from := d.LogSize()
 	out, rc, err := d.CtrQuiet(nil, cargs...)
 	if err != nil || rc != 0 {
@@ -264,7 +265,7 @@ func (f footprint) totalKiB() int64 { return f.guestKiB + f.vmmOtherKiB + f.shim
 
 // measure reads the PSS of each sandbox's cube-vmm (the task pid) and of its
 // shim (cube-vmm's parent: the shim forks it).
-func (d *Daemons) measure(ids []string) (footprint, error) {
+func (d *daemons) measure(ids []string) (footprint, error) {
 	out, rc, err := d.CtrQuiet(nil, "task", "ls")
 	if err != nil || rc != 0 {
 		return footprint{}, fmt.Errorf("ctr task ls: rc %d %v", rc, err)

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cube-runtime/cube/integration/cubetest"
 	"github.com/cube-runtime/cube/shim/task"
 )
 
@@ -38,10 +39,10 @@ disabled_plugins = [
   socket_dir = "%[1]s/s"
 
 [plugins."io.containerd.cri.v1.images".pinned_images]
-  sandbox = "` + PauseImageRef + `"
+  sandbox = "` + cubetest.PauseImageRef + `"
 
 [plugins."io.containerd.cri.v1.runtime".cni]
-  bin_dirs = ["` + CNIBinDir + `"]
+  bin_dirs = ["` + cubetest.CNIBinDir + `"]
   conf_dir = "%[1]s/net.d"
 `
 
@@ -91,11 +92,11 @@ func (c *criEnv) run(bin string, args ...string) (string, error) {
 func (c *criEnv) crictl(args ...string) (string, error) {
 	sock := "unix://" + c.dir + "/containerd.sock"
 	// crictl's default timeout (2 s) is shorter than a VM boot in the test host.
-	return c.run(CrictlBin, append([]string{"--runtime-endpoint", sock, "--image-endpoint", sock, "--timeout", "300s"}, args...)...)
+	return c.run(cubetest.CrictlBin, append([]string{"--runtime-endpoint", sock, "--image-endpoint", sock, "--timeout", "300s"}, args...)...)
 }
 
 func (c *criEnv) ctr(args ...string) (string, error) {
-	return c.run(CtrBin, append([]string{"--address", c.dir + "/containerd.sock", "--namespace", "k8s.io"}, args...)...)
+	return c.run(cubetest.CtrBin, append([]string{"--address", c.dir + "/containerd.sock", "--namespace", "k8s.io"}, args...)...)
 }
 
 // cubeVMMs lists the pids of running cube-vmm processes.
@@ -126,12 +127,12 @@ func procsNamed(name string) []int {
 // containerd with its CRI plugin, and imports the e2e and pause images into
 // the k8s.io namespace (unpacked into the cube snapshotter).
 func startCRI(t *testing.T) *criEnv {
-	for _, p := range []string{ContainerdBin, CtrBin, CrictlBin} {
+	for _, p := range []string{cubetest.ContainerdBin, cubetest.CtrBin, cubetest.CrictlBin} {
 		if _, err := os.Stat(p); err != nil {
 			t.Skipf("%s not in the test host: it was not found on the machine (.ci/install.d/containerd.sh installs containerd, ctr and crictl)", filepath.Base(p))
 		}
 	}
-	if _, err := os.Stat(CRIContribConfig); err != nil {
+	if _, err := os.Stat(cubetest.CRIContribConfig); err != nil {
 		t.Fatalf("contrib config not in the test host: %v", err)
 	}
 	dir, err := os.MkdirTemp("/tmp", "cri") // short: Unix socket paths
@@ -140,7 +141,7 @@ func startCRI(t *testing.T) *criEnv {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	c := &criEnv{t: t, dir: dir, env: append(os.Environ(), "PATH=/cube/bin:"+os.Getenv("PATH"))}
-	DumpConsolesOnFailure(t, dir, 60)
+	cubetest.DumpConsolesOnFailure(t, dir, 60)
 
 	// CRI copies the host's /etc/hosts and /etc/resolv.conf into each pod;
 	// the test host's root has neither. The streaming server (crictl exec)
@@ -158,22 +159,22 @@ func startCRI(t *testing.T) *criEnv {
 
 	// Ordering: the CNI config is in place before containerd starts (its CRI loads it then).
 	c.podNet = criPodNetwork(t, c)
-	WriteShimConfig(t, dir)
-	if err := os.MkdirAll(filepath.Dir(CRISnapshotterSock), 0o755); err != nil {
+	cubetest.WriteShimConfig(t, dir)
+	if err := os.MkdirAll(filepath.Dir(cubetest.CRISnapshotterSock), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	StartSnapshotter(t, dir, c.env, CRISnapshotterSock)
+	cubetest.StartSnapshotter(t, dir, c.env, cubetest.CRISnapshotterSock)
 
 	conf := filepath.Join(dir, "config.toml")
-	os.WriteFile(conf, fmt.Appendf(nil, criContainerdConfig, dir, CRIContribConfig), 0o600)
+	os.WriteFile(conf, fmt.Appendf(nil, criContainerdConfig, dir, cubetest.CRIContribConfig), 0o600)
 	cdLog, _ := os.Create(filepath.Join(dir, "containerd.log"))
-	cd := exec.Command(ContainerdBin, "--config", conf, "--log-level", "debug")
+	cd := exec.Command(cubetest.ContainerdBin, "--config", conf, "--log-level", "debug")
 	cd.Env, cd.Stdout, cd.Stderr = c.env, cdLog, cdLog
 	cd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { Stop(t, cd, filepath.Join(dir, "containerd.log")) })
+	t.Cleanup(func() { cubetest.Stop(t, cd, filepath.Join(dir, "containerd.log")) })
 
 	deadline := time.Now().Add(60 * time.Second)
 	for {
@@ -186,7 +187,7 @@ func startCRI(t *testing.T) *criEnv {
 		time.Sleep(time.Second)
 	}
 
-	pause, err := OCIImageTar("/bin/busybox", PauseImageRef, []string{"sleep"}, "/bin/sleep", "2147483647")
+	pause, err := cubetest.OCIImageTar("/bin/busybox", cubetest.PauseImageRef, []string{"sleep"}, "/bin/sleep", "2147483647")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +195,7 @@ func startCRI(t *testing.T) *criEnv {
 	if err := os.WriteFile(pauseTar, pause, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for _, tar := range []string{ImageTar, pauseTar} {
+	for _, tar := range []string{cubetest.ImageTar, pauseTar} {
 		if _, err := c.ctr("images", "import", "--snapshotter", "cube", tar); err != nil {
 			t.Fatal(err)
 		}
@@ -295,7 +296,7 @@ func TestCRIPodTwoContainersOneVM(t *testing.T) {
 	createStart := func(name string) string {
 		t.Helper()
 		cj := filepath.Join(c.dir, name+".json")
-		os.WriteFile(cj, fmt.Appendf(nil, netMode(criContainerConfig), name, ImageRef), 0o644)
+		os.WriteFile(cj, fmt.Appendf(nil, netMode(criContainerConfig), name, cubetest.ImageRef), 0o644)
 		start := time.Now()
 		out, err := c.crictl("create", pod, cj, podJSON)
 		if err != nil {

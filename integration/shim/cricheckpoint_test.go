@@ -17,10 +17,11 @@ import (
 	"github.com/cube-runtime/cube/guest-agent/protocol"
 	"github.com/cube-runtime/cube/hypervisor/snapshot"
 	"github.com/cube-runtime/cube/hypervisor/virtio/net/taptest"
+	"github.com/cube-runtime/cube/integration/cubetest"
 	"github.com/cube-runtime/cube/integration/vmmrun"
 )
 
-// criCounterConfig is a CRI container whose init counts in /count (counterScript).
+// criCounterConfig is a CRI container whose init counts in /count (cubetest.CounterScript).
 const criCounterConfig = `{
   "metadata": {"name": "%[1]s"},
   "image": {"image": "%[2]s"},
@@ -57,7 +58,7 @@ func TestCRICheckpointPodVM(t *testing.T) {
 		c.crictl("rmp", "-f", pod)
 	})
 	cj := filepath.Join(c.dir, "counter.json")
-	cconf := fmt.Sprintf(criCounterConfig, "counter", ImageRef, CounterScript)
+	cconf := fmt.Sprintf(criCounterConfig, "counter", cubetest.ImageRef, cubetest.CounterScript)
 	if c.podNet {
 		cconf = withPodNetwork(cconf)
 	}
@@ -147,7 +148,7 @@ func TestCRICheckpointPodVM(t *testing.T) {
 		// tap of its own; this one leads nowhere, which the counter does not mind.
 		args = append(args, "-net", "tap="+taptest.Make(t, "ckpt", 0))
 	}
-	vmm := vmmrun.Start(t, CubeVMM, append(args, snapDir)...)
+	vmm := vmmrun.Start(t, cubetest.CubeVMM, append(args, snapDir)...)
 	agent := dialAgent(t, rdir+"/vsock.sock", vmm)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cube-runtime/cube/integration/cubetest"
 )
 
 // The pod network: a bridge in the test host with the gateway address, so
@@ -29,8 +31,8 @@ const (
 // (a missing one fails the test: CI installs them). It reports true: the
 // pod gets a CNI network.
 func criPodNetwork(t *testing.T, c *criEnv) bool {
-	for _, p := range CNIPlugins {
-		if _, err := os.Stat(filepath.Join(CNIBinDir, p)); err != nil {
+	for _, p := range cubetest.CNIPlugins {
+		if _, err := os.Stat(filepath.Join(cubetest.CNIBinDir, p)); err != nil {
 			t.Fatalf("CNI plugin %s not in the test host: the machine lacks Debian's containernetworking-plugins (install it: bash .ci/install.d/containerd.sh, or apt install containernetworking-plugins)", p)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cube-runtime/cube/integration/cubetest"
 	"github.com/cube-runtime/cube/shim/volume/volumetest"
 )
 
@@ -68,7 +69,7 @@ func TestCRIPodVolumes(t *testing.T) {
 	createStart := func(name, script string) string {
 		t.Helper()
 		cj := filepath.Join(c.dir, name+".json")
-		os.WriteFile(cj, fmt.Appendf(nil, criVolumeContainerConfig, name, ImageRef, script, cache, cfg), 0o644)
+		os.WriteFile(cj, fmt.Appendf(nil, criVolumeContainerConfig, name, cubetest.ImageRef, script, cache, cfg), 0o644)
 		out, err := c.crictl("create", pod, cj, podJSON)
 		if err != nil {
 			t.Fatal(err)
@@ -138,7 +139,7 @@ func TestCRIPodVolumes(t *testing.T) {
 	hpConfig := strings.Replace(criVolumeContainerConfig, `"container_path": "/cache"`, `"container_path": "/hp"`, 1)
 	hpConfig = strings.Replace(hpConfig, `"container_path": "/etc/cfg"`, `"container_path": "/hpro"`, 1)
 	cj := filepath.Join(c.dir, "hp.json")
-	os.WriteFile(cj, fmt.Appendf(nil, hpConfig, "hostpath", ImageRef, "echo from-the-guest > /hp/g; exec sleep 100000", hostPath, hostRO), 0o644)
+	os.WriteFile(cj, fmt.Appendf(nil, hpConfig, "hostpath", cubetest.ImageRef, "echo from-the-guest > /hp/g; exec sleep 100000", hostPath, hostRO), 0o644)
 	// CRI makes the task (where the shim sees the spec) at start.
 	out, err = c.crictl("create", pod, cj, podJSON)
 	if err != nil {
@@ -167,7 +168,7 @@ func TestCRIPodVolumes(t *testing.T) {
 	}
 	defer l.Close()
 	cj = filepath.Join(c.dir, "sock.json")
-	os.WriteFile(cj, fmt.Appendf(nil, hpConfig, "socket", ImageRef, "exec sleep 100000", sock, hostRO), 0o644)
+	os.WriteFile(cj, fmt.Appendf(nil, hpConfig, "socket", cubetest.ImageRef, "exec sleep 100000", sock, hostRO), 0o644)
 	out, err = c.crictl("create", pod, cj, podJSON)
 	if err == nil {
 		_, err = c.crictl("start", strings.TrimSpace(out))

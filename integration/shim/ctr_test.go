@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cube-runtime/cube/integration/cubetest"
 )
 
 // TestCtrRun is the user's path: containerd 2.4.2 with the cube snapshotter
@@ -13,9 +15,9 @@ import (
 // io.cube.v1 --snapshotter cube`: output and exit codes come back through
 // containerd, and nothing is left running afterwards.
 func TestCtrRun(t *testing.T) {
-	d := StartDaemons(t)
+	d := startDaemons(t)
 	start := time.Now()
-	out, rc, err := d.Ctr("run", "--rm", "--runtime", "io.cube.v1", "--snapshotter", "cube", ImageRef, "c1",
+	out, rc, err := d.Ctr("run", "--rm", "--runtime", "io.cube.v1", "--snapshotter", "cube", cubetest.ImageRef, "c1",
 		"sh", "-c", "echo hello from a microVM; cat /etc/motd")
 	if err != nil || rc != 0 {
 		t.Fatalf("ctr run: rc %d %v", rc, err)
@@ -26,12 +28,12 @@ func TestCtrRun(t *testing.T) {
 			t.Errorf("output lacks %q", want)
 		}
 	}
-	_, rc, err = d.Ctr("run", "--rm", "--runtime", "io.cube.v1", "--snapshotter", "cube", ImageRef, "c2", "sh", "-c", "exit 7")
+	_, rc, err = d.Ctr("run", "--rm", "--runtime", "io.cube.v1", "--snapshotter", "cube", cubetest.ImageRef, "c2", "sh", "-c", "exit 7")
 	if err != nil || rc != 7 {
 		t.Fatalf("ctr run exit 7: rc %d %v", rc, err)
 	}
 	// A rootfs from another snapshotter is refused with the way out.
-	out, rc, _ = d.Ctr("run", "--rm", "--runtime", "io.cube.v1", ImageRef, "c3", "true")
+	out, rc, _ = d.Ctr("run", "--rm", "--runtime", "io.cube.v1", cubetest.ImageRef, "c3", "true")
 	if rc == 0 || !strings.Contains(out, "--snapshotter cube") {
 		t.Errorf("overlayfs rootfs: rc %d, output lacks the snapshotter hint", rc)
 	}

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/cube-runtime/cube/integration/cubetest"
 )
 
 // TestCtrRunBindMount: `ctr run --mount type=bind,src=DIR,dst=…` of a host
@@ -13,7 +15,7 @@ import (
 // options=rbind:ro the guest's write fails and the host directory gets
 // nothing; after --rm the host's files are still there.
 func TestCtrRunBindMount(t *testing.T) {
-	d := StartDaemons(t)
+	d := startDaemons(t)
 	dir, ro := filepath.Join(t.TempDir(), "rw"), filepath.Join(t.TempDir(), "ro")
 	for _, p := range []string{dir, ro} {
 		if err := os.MkdirAll(p, 0o755); err != nil {
@@ -25,7 +27,7 @@ func TestCtrRunBindMount(t *testing.T) {
 	out, rc, err := d.Ctr("run", "--rm", "--runtime", "io.cube.v1", "--snapshotter", "cube",
 		"--mount", "type=bind,src="+dir+",dst=/data,options=rbind:rw",
 		"--mount", "type=bind,src="+ro+",dst=/ro,options=rbind:ro",
-		ImageRef, "bind1", "sh", "-c",
+		cubetest.ImageRef, "bind1", "sh", "-c",
 		"cat /data/in /ro/in; echo from-the-guest > /data/out; if echo x > /ro/out; then echo ro-write-ok; else echo ro-write-refused; fi; sync")
 	if err != nil || rc != 0 {
 		t.Fatalf("ctr run --mount: rc %d %v\n%s", rc, err, out)

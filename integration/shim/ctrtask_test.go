@@ -21,6 +21,7 @@ import (
 
 	"github.com/cube-runtime/cube/guest-agent/protocol"
 	"github.com/cube-runtime/cube/hypervisor/snapshot"
+	"github.com/cube-runtime/cube/integration/cubetest"
 	"github.com/cube-runtime/cube/integration/vmmrun"
 )
 
@@ -38,8 +39,8 @@ func dialAgent(t *testing.T, uds string, vmm *vmmrun.Process) protocol.AgentServ
 // checkpoint, a containerd restart (a killed VMM: TestCtrVMMKilled) — and runs each scenario with runc on
 // the same containerd, expecting the same output and exit statuses from both.
 func TestCtrTasks(t *testing.T) {
-	d := StartDaemons(t)
-	rts := Runtimes(t)
+	d := startDaemons(t)
+	rts := cubetest.Runtimes(t)
 
 	t.Run("exec", func(t *testing.T) {
 		for _, rt := range rts {
@@ -105,7 +106,7 @@ func TestCtrTasks(t *testing.T) {
 				{"SIGTERM", []string{"sh", "-c", "trap 'exit 143' TERM; echo started; while :; do sleep 0.1; done"}, 143, "sigterm"},
 			} {
 				id := rt.Name + "-init-" + c.label
-				r := d.CtrBG(t, append(append(append([]string{"run", "--rm"}, rt.Args...), ImageRef, id), c.cmd...)...)
+				r := d.CtrBG(t, append(append(append([]string{"run", "--rm"}, rt.Args...), cubetest.ImageRef, id), c.cmd...)...)
 				// Signal once the handler is in place (the shell printed), not while the shell starts.
 				r.WaitOutput(t, "started", time.Minute)
 				if out, rc, err := d.Ctr("task", "kill", "-s", c.sig, id); err != nil || rc != 0 {
@@ -121,7 +122,7 @@ func TestCtrTasks(t *testing.T) {
 	t.Run("pause-resume", func(t *testing.T) {
 		for _, rt := range rts {
 			id := rt.Name + "-pause"
-			d.RunDetached(t, rt, id, "sh", "-c", CounterScript)
+			d.RunDetached(t, rt, id, "sh", "-c", cubetest.CounterScript)
 			count := func() int { return d.ReadCounter(t, id) }
 			time.Sleep(time.Second)
 			count()
@@ -154,7 +155,7 @@ func TestCtrTasks(t *testing.T) {
 		}
 		want := fmt.Sprintf("%x", md5.Sum(in.Bytes()))
 		for _, rt := range rts {
-			args := append(append([]string{"run", "--rm"}, rt.Args...), ImageRef, rt.Name+"-stdin", "sh", "-c", "busybox md5sum; exit 4")
+			args := append(append([]string{"run", "--rm"}, rt.Args...), cubetest.ImageRef, rt.Name+"-stdin", "sh", "-c", "busybox md5sum; exit 4")
 			out, rc, err := d.CtrQuiet(bytes.NewReader(in.Bytes()), args...)
 			t.Logf("%s: echo … | ctr run … md5sum: rc %d\n%s", rt.Name, rc, out)
 			if err != nil || rc != 4 {
@@ -166,7 +167,7 @@ func TestCtrTasks(t *testing.T) {
 		}
 		// The short case from the issue, `echo x | ctr run … cat`: io.cube.v1 only — with runc it once hung
 		// in the test host after printing the line (ctr never returned), which is not ours to test.
-		args := append(append([]string{"run", "--rm"}, CubeRuntime.Args...), ImageRef, "cube-stdin2", "cat")
+		args := append(append([]string{"run", "--rm"}, cubetest.CubeRuntime.Args...), cubetest.ImageRef, "cube-stdin2", "cat")
 		out, rc, err := d.CtrQuiet(strings.NewReader("piped-x\n"), args...)
 		if err != nil || rc != 0 || out != "piped-x\n" {
 			t.Errorf("echo piped-x | ctr run … cat: rc %d %v, output %q", rc, err, out)
@@ -176,7 +177,7 @@ func TestCtrTasks(t *testing.T) {
 	t.Run("tty", func(t *testing.T) {
 		for _, rt := range rts {
 			rc, out := d.ctrTTY(t, console.WinSize{Height: 31, Width: 97},
-				append(append([]string{"run", "-t", "--rm"}, rt.Args...), ImageRef, rt.Name+"-tty",
+				append(append([]string{"run", "-t", "--rm"}, rt.Args...), cubetest.ImageRef, rt.Name+"-tty",
 					"sh", "-c", "busybox tty; busybox stty size; [ -t 0 ] && echo stdin-is-tty; exit 6")...)
 			if rc != 6 {
 				t.Errorf("%s: ctr run -t: rc %d, want 6", rt.Name, rc)
@@ -205,7 +206,7 @@ func TestCtrTasks(t *testing.T) {
 		// snapshot into DIR/vm; the task carries on. The snapshot restores in a new cube-vmm with the
 		// container's process still counting; --exit then ends the task as runc does.
 		id := "cube-ckpt"
-		d.RunDetached(t, CubeRuntime, id, "sh", "-c", CounterScript)
+		d.RunDetached(t, cubetest.CubeRuntime, id, "sh", "-c", cubetest.CounterScript)
 		count := func() int { return d.ReadCounter(t, id) }
 		time.Sleep(time.Second)
 		before := count()
@@ -227,7 +228,7 @@ func TestCtrTasks(t *testing.T) {
 
 		// The checkpoint in a new VMM: the container's process is there and counts on.
 		rdir := t.TempDir()
-		vmm := vmmrun.Start(t, CubeVMM, "restore", "-disk-dir", rdir, "-control", rdir+"/ctl.sock",
+		vmm := vmmrun.Start(t, cubetest.CubeVMM, "restore", "-disk-dir", rdir, "-control", rdir+"/ctl.sock",
 			"-vsock", rdir+"/vsock.sock", "-console", rdir+"/console.log", snapDir)
 		agent := dialAgent(t, rdir+"/vsock.sock", vmm)
 		c, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -331,7 +332,7 @@ const execHangTimeout = 2 * time.Minute
 
 // ctrWithin is ctr (no stdin, output combined) bounded by within; hung says ctr was still running then
 // and was killed.
-func (d *Daemons) ctrWithin(within time.Duration, args ...string) (out string, rc int, err error, hung bool) {
+func (d *daemons) ctrWithin(within time.Duration, args ...string) (out string, rc int, err error, hung bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), within)
 	defer cancel()
 	cmd := d.CtrCmd(ctx, args...)
@@ -355,7 +356,7 @@ func (d *Daemons) ctrWithin(within time.Duration, args ...string) (out string, r
 // into their log on SIGUSR1 and carry on; the shim's log reaches containerd's
 // through the shim log fifo — and the tail of containerd's log. The sandbox
 // VMs' console tails follow at the end of the test (dumpConsolesOnFailure).
-func (d *Daemons) diagnoseHang(t *testing.T, id string, pid int) {
+func (d *daemons) diagnoseHang(t *testing.T, id string, pid int) {
 	t.Helper()
 	for _, args := range [][]string{{"task", "ls"}, {"task", "ps", id}} {
 		out, rc, err, hung := d.ctrWithin(30*time.Second, args...)
@@ -378,7 +379,7 @@ func (d *Daemons) diagnoseHang(t *testing.T, id string, pid int) {
 		return
 	}
 	// A stack dump is one log line with its newlines escaped: unescape it to be read.
-	tail := LastLines(string(b), 300)
+	tail := cubetest.LastLines(string(b), 300)
 	tail = strings.NewReplacer(`\n`, "\n", `\t`, "\t").Replace(tail)
 	t.Logf("diagnose: containerd log (tail, the shim's lines included):\n%s", tail)
 }
@@ -386,7 +387,7 @@ func (d *Daemons) diagnoseHang(t *testing.T, id string, pid int) {
 // ctrTTY runs ctr with a pseudo-terminal of the given size as its stdin,
 // stdout and stderr (ctr -t insists on a terminal) and returns its exit
 // status and everything written to the terminal.
-func (d *Daemons) ctrTTY(t *testing.T, size console.WinSize, args ...string) (int, string) {
+func (d *daemons) ctrTTY(t *testing.T, size console.WinSize, args ...string) (int, string) {
 	t.Helper()
 	master, slavePath, err := console.NewPty()
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/google/nftables"
 
 	"github.com/cube-runtime/cube/checkpoint/cli"
+	"github.com/cube-runtime/cube/integration/cubetest"
 )
 
 // egressOtherAddr is a second address of the test host (on lo), outside the
@@ -20,7 +21,7 @@ const egressOtherAddr = "10.77.0.1"
 
 // cube runs the cube CLI against the CRI containerd (namespace k8s.io).
 func (c *criEnv) cube(args ...string) (string, error) {
-	return c.run(CubeBin, append([]string{"--address", c.dir + "/containerd.sock", "--namespace", "k8s.io",
+	return c.run(cubetest.CubeBin, append([]string{"--address", c.dir + "/containerd.sock", "--namespace", "k8s.io",
 		"--state", c.dir + "/state"}, args...)...)
 }
 
@@ -73,7 +74,7 @@ func TestCRIPodEgressPolicy(t *testing.T) {
 		}
 	})
 	cj := filepath.Join(c.dir, "c1.json")
-	os.WriteFile(cj, fmt.Appendf(nil, withPodNetwork(criContainerConfig), "c1", ImageRef), 0o644)
+	os.WriteFile(cj, fmt.Appendf(nil, withPodNetwork(criContainerConfig), "c1", cubetest.ImageRef), 0o644)
 	out, err = c.crictl("create", pod, cj, podJSON)
 	if err != nil {
 		t.Fatal(err)
@@ -83,14 +84,14 @@ func TestCRIPodEgressPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	a, b := NewCountingServer(t, criCNIGateway), NewCountingServer(t, egressOtherAddr)
+	a, b := cubetest.NewCountingServer(t, criCNIGateway), cubetest.NewCountingServer(t, egressOtherAddr)
 	// fetch has the container get url; a denied connection hangs (its SYN is dropped) until timeout ends it.
-	fetch := func(s *CountingServer) bool {
+	fetch := func(s *cubetest.CountingServer) bool {
 		t.Helper()
 		got, _ := c.crictl("exec", "-s", ctr, "sh", "-c", "busybox timeout 5 busybox wget -q -O - "+s.URL+" 2>&1; echo rc=$?")
 		return strings.Contains(got, "hello-from") && strings.Contains(got, "rc=0")
 	}
-	reachable := func(s *CountingServer) bool {
+	reachable := func(s *cubetest.CountingServer) bool {
 		for range 3 {
 			if fetch(s) {
 				return true
@@ -123,7 +124,7 @@ func TestCRIPodEgressPolicy(t *testing.T) {
 		return 0
 	}
 	// check: the allowed server answers, the denied one never sees a request, and the drops are counted.
-	check := func(allowed, denied *CountingServer, name string) {
+	check := func(allowed, denied *cubetest.CountingServer, name string) {
 		t.Helper()
 		before := denied.Hits.Load()
 		if !fetch(allowed) {

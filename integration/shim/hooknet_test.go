@@ -17,6 +17,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/cube-runtime/cube/integration/cubetest"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
@@ -34,8 +35,8 @@ const (
 pid=$(echo "$state" | busybox sed -n 's/.*"pid":\([0-9]*\).*/\1/p')
 status=$(echo "$state" | busybox sed -n 's/.*"status":"\([a-z]*\)".*/\1/p')
 echo "hook $1 status=$status pid=$pid" >> %[1]s/hook.log
-CNI_COMMAND=$1 CNI_CONTAINERID=%[2]s CNI_NETNS=/proc/$pid/ns/net CNI_IFNAME=eth0 CNI_PATH=` + CNIBinDir + ` \
-	` + CNIBinDir + `/bridge < %[1]s/cni.json >> %[1]s/hook.log 2>&1`
+CNI_COMMAND=$1 CNI_CONTAINERID=%[2]s CNI_NETNS=/proc/$pid/ns/net CNI_IFNAME=eth0 CNI_PATH=` + cubetest.CNIBinDir + ` \
+	` + cubetest.CNIBinDir + `/bridge < %[1]s/cni.json >> %[1]s/hook.log 2>&1`
 )
 
 // TestCtrHookNetwork is issue 16's ctr hook path: an io.cube.v1 container
@@ -47,9 +48,9 @@ CNI_COMMAND=$1 CNI_CONTAINERID=%[2]s CNI_NETNS=/proc/$pid/ns/net CNI_IFNAME=eth0
 // CNI gave; deleting the container runs the poststop hook and leaves no
 // bridge port. `cube network policy` reaches the same network.
 func TestCtrHookNetwork(t *testing.T) {
-	d := StartDaemons(t)
+	d := startDaemons(t)
 	for _, p := range []string{"bridge", "host-local"} {
-		if _, err := os.Stat(filepath.Join(CNIBinDir, p)); err != nil {
+		if _, err := os.Stat(filepath.Join(cubetest.CNIBinDir, p)); err != nil {
 			t.Fatalf("CNI plugin %s not in the test host (Debian's containernetworking-plugins: .ci/install.d/containerd.sh)", p)
 		}
 	}
@@ -74,7 +75,7 @@ func TestCtrHookNetwork(t *testing.T) {
 	defer client.Close()
 	ctx, cancel := context.WithTimeout(namespaces.WithNamespace(context.Background(), "e2e"), 10*time.Minute)
 	defer cancel()
-	img, err := client.GetImage(ctx, ImageRef)
+	img, err := client.GetImage(ctx, cubetest.ImageRef)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/cube-runtime/cube/integration/cubetest"
 	"github.com/cube-runtime/cube/integration/sandboxenv"
 	"github.com/cube-runtime/cube/shim/config"
 	"github.com/cube-runtime/cube/shim/task"
@@ -57,7 +58,7 @@ func newEnv(t *testing.T) *env {
 		Publisher: e.events,
 		LoadConfig: func(string) (config.Config, error) {
 			c := config.Default()
-			c.VMM, c.Kernel, c.Initrd = CubeVMM, GuestKernel, GuestInitrd
+			c.VMM, c.Kernel, c.Initrd = cubetest.CubeVMM, cubetest.GuestKernel, cubetest.GuestInitrd
 			// After "--" the kernel hands the rest to /init: the agent logs at debug level.
 			c.Cmdline = "console=ttyS0 panic=-1 quiet -- -debug"
 			c.StateDir = e.stateDir
@@ -90,7 +91,7 @@ func (e *env) bundle(id string, args ...string) (string, string) {
 	if err := os.WriteFile(filepath.Join(dir, "config.json"), b, 0o644); err != nil {
 		e.t.Fatal(err)
 	}
-	img, err := os.ReadFile(RootfsImage)
+	img, err := os.ReadFile(cubetest.RootfsImage)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cube-runtime/cube/integration/cubetest"
 	"github.com/cube-runtime/cube/shim/template"
 )
 
@@ -25,9 +26,9 @@ const (
 // initramfs unpacker skips NUL padding) a new template is made under a new
 // key; `cube templates ls|rm` list and remove them.
 func TestTemplatesByDefault(t *testing.T) {
-	d := StartDaemons(t)
+	d := startDaemons(t)
 	tdir := filepath.Join(d.Dir, "templates")
-	base := fmt.Sprintf(ShimConfig, CubeVMM, GuestKernel, GuestInitrd, d.Dir) + fmt.Sprintf("template_dir = %q\n", tdir)
+	base := fmt.Sprintf(cubetest.ShimConfig, cubetest.CubeVMM, cubetest.GuestKernel, cubetest.GuestInitrd, d.Dir) + fmt.Sprintf("template_dir = %q\n", tdir)
 	conf := filepath.Join(d.Dir, "shim-tmpl.toml")
 	if err := os.WriteFile(conf, []byte(base), 0o644); err != nil {
 		t.Fatal(err)
@@ -35,7 +36,7 @@ func TestTemplatesByDefault(t *testing.T) {
 	run := func(conf, id string) string {
 		t.Helper()
 		from := d.LogSize()
-		args := append(append([]string{"run", "--rm", "--runtime-config-path", conf}, CubeRuntime.Args...), ImageRef, id, "echo", "hello-"+id)
+		args := append(append([]string{"run", "--rm", "--runtime-config-path", conf}, cubetest.CubeRuntime.Args...), cubetest.ImageRef, id, "echo", "hello-"+id)
 		out, rc, err := d.Ctr(args...)
 		if err != nil || rc != 0 || !strings.Contains(out, "hello-"+id) {
 			t.Fatalf("ctr run %s: rc %d %v\n%s", id, rc, err, out)
@@ -72,7 +73,7 @@ func TestTemplatesByDefault(t *testing.T) {
 	}
 
 	// A changed initrd: a new key, made on its first use.
-	img, err := os.ReadFile(GuestInitrd)
+	img, err := os.ReadFile(cubetest.GuestInitrd)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +82,7 @@ func TestTemplatesByDefault(t *testing.T) {
 		t.Fatal(err)
 	}
 	conf2 := filepath.Join(d.Dir, "shim-tmpl2.toml")
-	body2 := fmt.Sprintf(ShimConfig, CubeVMM, GuestKernel, initrd2, d.Dir) + fmt.Sprintf("template_dir = %q\n", tdir)
+	body2 := fmt.Sprintf(cubetest.ShimConfig, cubetest.CubeVMM, cubetest.GuestKernel, initrd2, d.Dir) + fmt.Sprintf("template_dir = %q\n", tdir)
 	if err := os.WriteFile(conf2, []byte(body2), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +110,7 @@ func TestTemplatesByDefault(t *testing.T) {
 }
 
 // logFrom is containerd's log (with the shims' lines) from byte offset from.
-func (d *Daemons) logFrom(from int64) string {
+func (d *daemons) logFrom(from int64) string {
 	b, _ := os.ReadFile(filepath.Join(d.Dir, "containerd.log"))
 	if from > int64(len(b)) {
 		return ""
@@ -150,7 +151,7 @@ func TestCRIPodFromTemplate(t *testing.T) {
 		t.Fatalf("pod sandbox not restored from a template; shim log:\n%s", grepLines(log, "template"))
 	}
 	cj := filepath.Join(c.dir, "app.json")
-	os.WriteFile(cj, fmt.Appendf(nil, criContainerConfig, "app", ImageRef), 0o644)
+	os.WriteFile(cj, fmt.Appendf(nil, criContainerConfig, "app", cubetest.ImageRef), 0o644)
 	out, err = c.crictl("create", pod, cj, podJSON)
 	if err != nil {
 		t.Fatal(err)

@@ -8,13 +8,15 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cube-runtime/cube/integration/cubetest"
 )
 
 // TestCtrVMMKilled: kill -9 of a containerd-started cube-vmm ends its task (STOPPED, exit 137 in `ctr task
 // rm`, 137 from a foreground `ctr run`) and leaves no sandbox state. It is the package's last test (this
 // file sorts last) and a top-level one of its own, so that a rerun after a test-host failure repeats only it.
 func TestCtrVMMKilled(t *testing.T) {
-	d := StartDaemons(t)
+	d := startDaemons(t)
 	// kill -9 of a VMM whose vCPUs are inside KVM_RUN, followed at once by the boot of another nested guest,
 	// crashes the TCG test host's kernel now and then: the emulated CPU delivers an interrupt right after
 	// #VMEXIT, before KVM has restored the host's GS base (docs/testhost.md). So by default the VM is paused
@@ -36,7 +38,7 @@ func TestCtrVMMKilled(t *testing.T) {
 	}
 	// cube only: runc has no VMM. The task's pid in containerd is the VMM's host pid.
 	id := "cube-vmmkill"
-	tk := d.RunDetached(t, CubeRuntime, id, "sleep", "1000")
+	tk := d.RunDetached(t, cubetest.CubeRuntime, id, "sleep", "1000")
 	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", tk.PID))
 	if err != nil || !bytes.Contains(cmdline, []byte("cube-vmm")) {
 		t.Fatalf("task pid %d is not cube-vmm: %q %v", tk.PID, cmdline, err)
@@ -51,7 +53,7 @@ func TestCtrVMMKilled(t *testing.T) {
 	}
 	// A foreground `ctr run` returns non-zero when its VMM dies.
 	id = "cube-vmmkill-fg"
-	r := d.CtrBG(t, append(append([]string{"run", "--rm"}, CubeRuntime.Args...), ImageRef, id, "sleep", "1000")...)
+	r := d.CtrBG(t, append(append([]string{"run", "--rm"}, cubetest.CubeRuntime.Args...), cubetest.ImageRef, id, "sleep", "1000")...)
 	tk = d.WaitStatus(t, id, "RUNNING", time.Minute)
 	kill(id, tk.PID)
 	if rc, _ := r.Wait(t, time.Minute); rc != 137 {

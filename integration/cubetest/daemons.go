@@ -1,4 +1,4 @@
-package shim
+package cubetest
 
 import (
 	"context"
@@ -54,13 +54,13 @@ boot_timeout = "5m"
 
 // Daemons is containerd (with the cube snapshotter) running in the test host.
 type Daemons struct {
-	Dir string
-	Env []string
-	tb  testing.TB
-	Containerd  *exec.Cmd // containerd
+	Dir        string
+	Env        []string
+	tb         testing.TB
+	Containerd *exec.Cmd // containerd
 }
 
-// StartContainerd starts containerd with the config in d.dir (appending to
+// StartContainerd starts containerd with the config in d.Dir (appending to
 // its log, so a restart keeps the first run's lines) and waits until it answers.
 func (d *Daemons) StartContainerd() error {
 	cdLog, err := os.OpenFile(filepath.Join(d.Dir, "containerd.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
@@ -106,7 +106,7 @@ func StartDaemons(tb testing.TB) *Daemons {
 	StartSnapshotter(tb, dir, d.Env, dir+"/snap.sock")
 
 	os.WriteFile(filepath.Join(dir, "config.toml"), fmt.Appendf(nil, containerdConfig, dir), 0o600)
-	// d.cd at cleanup time, not now: TestCtrTasks restarts containerd.
+	// d.Containerd at cleanup time, not now: TestCtrTasks restarts containerd.
 	tb.Cleanup(func() {
 		if d.Containerd != nil {
 			Stop(tb, d.Containerd, filepath.Join(dir, "containerd.log"))

@@ -1,4 +1,4 @@
-package shim
+package checkpoint
 
 import (
 	"encoding/json"
@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cube-runtime/cube/integration/cubetest"
 )
 
 // workerBin is integration/snapshot/worker in the test host (TestMain builds
@@ -31,7 +33,7 @@ func (w workerState) same(o workerState) bool {
 
 // worker asks the worker in container id (a `ctr task exec` of its client
 // mode); ok is false when it does not answer.
-func (d *Daemons) worker(t *testing.T, id, cmd string) (workerState, bool) {
+func (d *daemons) worker(t *testing.T, id, cmd string) (workerState, bool) {
 	t.Helper()
 	out, rc, err := d.CtrQuiet(nil, "task", "exec", "--exec-id", "q"+strings.ReplaceAll(time.Now().Format("150405.000000000"), ".", ""),
 		id, "/worker", workerSock, cmd)
@@ -43,7 +45,7 @@ func (d *Daemons) worker(t *testing.T, id, cmd string) (workerState, bool) {
 }
 
 // workerAnswers waits until the worker answers cmd.
-func (d *Daemons) workerAnswers(t *testing.T, id, cmd string) workerState {
+func (d *daemons) workerAnswers(t *testing.T, id, cmd string) workerState {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
@@ -58,7 +60,7 @@ func (d *Daemons) workerAnswers(t *testing.T, id, cmd string) workerState {
 }
 
 // workerAbove waits until the worker's counter passes n.
-func (d *Daemons) workerAbove(t *testing.T, id string, n int64) workerState {
+func (d *daemons) workerAbove(t *testing.T, id string, n int64) workerState {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
@@ -87,7 +89,7 @@ func (d *Daemons) workerAbove(t *testing.T, id string, n int64) workerState {
 //
 // It returns the snapshots' ids (the sandbox holds the one it rolled back to
 // until it ends).
-func (d *Daemons) rollbackRounds(t *testing.T, id string, vmmPid int) []string {
+func (d *daemons) rollbackRounds(t *testing.T, id string, vmmPid int) []string {
 	t.Helper()
 	wk := d.startWorker(t, id)
 
@@ -133,7 +135,7 @@ func (d *Daemons) rollbackRounds(t *testing.T, id string, vmmPid int) []string {
 // --name name`, checks the held worker did not change across it, releases it
 // and waits until it advances; it returns the snapshot's id and the worker's
 // state in it.
-func (d *Daemons) heldSnapshot(t *testing.T, id, name string) (string, workerState) {
+func (d *daemons) heldSnapshot(t *testing.T, id, name string) (string, workerState) {
 	t.Helper()
 	at := d.workerAnswers(t, id, "hold")
 	snap := d.CubeJSON(t, "snapshot", id, "--name", name, "--json")
@@ -150,7 +152,7 @@ func (d *Daemons) heldSnapshot(t *testing.T, id, name string) (string, workerSta
 // status must be 137; without, the worker is one a rollback revived after
 // containerd deleted its exec (rollback reports it "unknown": ctr cannot
 // reach it), and busybox kill in the guest ends it by pid.
-func (d *Daemons) killWorker(t *testing.T, id string, wk *BG, pid int) {
+func (d *daemons) killWorker(t *testing.T, id string, wk *cubetest.BG, pid int) {
 	t.Helper()
 	args := []string{"task", "kill", "-s", "SIGKILL", "--exec-id", "worker", id}
 	if wk == nil {
@@ -180,7 +182,7 @@ func (d *Daemons) killWorker(t *testing.T, id string, wk *BG, pid int) {
 // rollbackTo runs `cube rollback id ref` and checks that the worker answers
 // with want exactly, the task runs on in the same VMM, and, released, the
 // worker and the init's counter advance. It returns cube rollback's output.
-func (d *Daemons) rollbackTo(t *testing.T, id string, vmmPid int, ref string, want workerState) string {
+func (d *daemons) rollbackTo(t *testing.T, id string, vmmPid int, ref string, want workerState) string {
 	t.Helper()
 	out, errOut, rc := d.CubeRun(t, "rollback", id, ref)
 	if rc != 0 {

@@ -1,4 +1,4 @@
-package shim
+package cubetest
 
 import (
 	"bytes"
@@ -68,7 +68,7 @@ func (d *Daemons) CubeJSON(t testing.TB, args ...string) cli.Description {
 	return desc
 }
 
-// CounterAbove waits until container id's counter (counterScript) passes n.
+// CounterAbove waits until container id's counter (CounterScript) passes n.
 func (d *Daemons) CounterAbove(t testing.TB, id string, n int) int {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)

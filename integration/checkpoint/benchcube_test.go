@@ -1,4 +1,4 @@
-package shim
+package checkpoint
 
 import (
 	"encoding/json"
@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cube-runtime/cube/integration/cubetest"
 )
 
 // BenchmarkCube is issue 14's benchmarks, side by side in one test host run
@@ -23,7 +25,7 @@ import (
 // A fork that does not fit the test host (memory) is reported as such and
 // the larger ones are skipped.
 func BenchmarkCube(b *testing.B) {
-	d := StartDaemons(b)
+	d := startDaemons(b)
 	for b.Loop() {
 		var out strings.Builder
 		src, coldPSS := d.benchColdRun(b, &out)
@@ -53,13 +55,13 @@ const benchRollbackRounds = 3
 // benchColdRun cold-boots two sandboxes with `ctr run -d` (the first stays:
 // the source of the other parts), prints their times, and returns the
 // source's id and a cold-booted sandbox's cube-vmm PSS (KiB).
-func (d *Daemons) benchColdRun(b *testing.B, out *strings.Builder) (string, int64) {
+func (d *daemons) benchColdRun(b *testing.B, out *strings.Builder) (string, int64) {
 	var times []time.Duration
 	var pss int64
 	src := ""
 	for i := range 2 {
 		id := fmt.Sprintf("bench-cold%d", i)
-		args := append(append([]string{"run", "-d"}, CubeRuntime.Args...), ImageRef, id, "sh", "-c", CounterScript)
+		args := append(append([]string{"run", "-d"}, cubetest.CubeRuntime.Args...), cubetest.ImageRef, id, "sh", "-c", cubetest.CounterScript)
 		start := time.Now()
 		o, rc, err := d.CtrQuiet(nil, args...)
 		if err != nil || rc != 0 {
@@ -78,13 +80,13 @@ func (d *Daemons) benchColdRun(b *testing.B, out *strings.Builder) (string, int6
 	}
 	fmt.Fprintf(out, "\n### cold `ctr run -d` vs `ctr containers restore --live` (wall of the ctr command)\n\n")
 	fmt.Fprintf(out, "| op | samples | median | min | max |\n|---|---|---|---|---|\n")
-	fmt.Fprintf(out, "| cold `ctr run -d` (boot + start) | %d | %v | %v | %v |\n", len(times), ms(Median(times)), ms(minDur(times)), ms(maxDur(times)))
+	fmt.Fprintf(out, "| cold `ctr run -d` (boot + start) | %d | %v | %v | %v |\n", len(times), ms(cubetest.Median(times)), ms(minDur(times)), ms(maxDur(times)))
 	return src, pss
 }
 
 // benchRestore checkpoints src (`ctr containers checkpoint --task`) and
 // restores it twice under new ids, timing `ctr containers restore --live`.
-func (d *Daemons) benchRestore(b *testing.B, out *strings.Builder, src string) {
+func (d *daemons) benchRestore(b *testing.B, out *strings.Builder, src string) {
 	const ref = "docker.io/e2e/bench-checkpoint:1"
 	start := time.Now()
 	if o, rc, err := d.CtrQuiet(nil, "containers", "checkpoint", "--task", "--rw", src, ref); err != nil || rc != 0 {
@@ -106,7 +108,7 @@ func (d *Daemons) benchRestore(b *testing.B, out *strings.Builder, src string) {
 		d.CounterAbove(b, id, 0)
 		d.Remove(b, id)
 	}
-	fmt.Fprintf(out, "| `ctr containers restore --live --rw` (restore + start) | %d | %v | %v | %v |\n", len(times), ms(Median(times)), ms(minDur(times)), ms(maxDur(times)))
+	fmt.Fprintf(out, "| `ctr containers restore --live --rw` (restore + start) | %d | %v | %v | %v |\n", len(times), ms(cubetest.Median(times)), ms(minDur(times)), ms(maxDur(times)))
 	fmt.Fprintf(out, "\n(`ctr containers checkpoint --task --rw` took %v)\n", ms(ckpt))
 }
 
@@ -127,7 +129,7 @@ type rolledBackJSON struct {
 // benchRollback takes one snapshot of src and rolls back to it
 // benchRollbackRounds times: the CLI's wall, the shim's total and the
 // cube-vmm op's own figures, each round's median.
-func (d *Daemons) benchRollback(b *testing.B, out *strings.Builder, src string) {
+func (d *daemons) benchRollback(b *testing.B, out *strings.Builder, src string) {
 	d.CubeJSON(b, "snapshot", src, "--name", "bench-rb", "--json")
 	var wall, shim, vmm, prep, frozen, reconn, recon []time.Duration
 	mem := map[string]int{}
@@ -153,13 +155,13 @@ func (d *Daemons) benchRollback(b *testing.B, out *strings.Builder, src string) 
 	}
 	fmt.Fprintf(out, "\n### rollback in place to the VM's parent snapshot (%d rounds, medians; memory %v)\n\n", benchRollbackRounds, mem)
 	fmt.Fprintf(out, "| measure | median | vs the cube-vmm op |\n|---|---|---|\n")
-	v := Median(vmm)
+	v := cubetest.Median(vmm)
 	row := func(name string, ds []time.Duration) {
 		r := ""
 		if v > 0 {
-			r = fmt.Sprintf("%.2fx", float64(Median(ds))/float64(v))
+			r = fmt.Sprintf("%.2fx", float64(cubetest.Median(ds))/float64(v))
 		}
-		fmt.Fprintf(out, "| %s | %v | %s |\n", name, ms(Median(ds)), r)
+		fmt.Fprintf(out, "| %s | %v | %s |\n", name, ms(cubetest.Median(ds)), r)
 	}
 	row("`cube rollback` wall (CLI process, containerd lookup, store, shim)", wall)
 	row("shim Rollback RPC total", shim)
@@ -169,12 +171,12 @@ func (d *Daemons) benchRollback(b *testing.B, out *strings.Builder, src string) 
 	row("shim: agent reconnect", reconn)
 	row("shim: process reconcile", recon)
 	fmt.Fprintf(out, "\nservice overhead (shim total - cube-vmm op): %v; CLI overhead (wall - shim total): %v\n",
-		ms(Median(shim)-v), ms(Median(wall)-Median(shim)))
+		ms(cubetest.Median(shim)-v), ms(cubetest.Median(wall)-cubetest.Median(shim)))
 }
 
 // benchFork forks src into 1, 4 and 8 clones and restores the same number
 // from one snapshot with `cube restore`, with each clone's cube-vmm PSS.
-func (d *Daemons) benchFork(b *testing.B, out *strings.Builder, src string, coldPSS int64) {
+func (d *daemons) benchFork(b *testing.B, out *strings.Builder, src string, coldPSS int64) {
 	fmt.Fprintf(out, "\n### fork vs separate restores, host memory per clone (PSS of cube-vmm, smaps_rollup)\n\n")
 	fmt.Fprintf(out, "cold-booted sandbox (`ctr run -d`, settled): cube-vmm PSS %.1f MiB\n\n", float64(coldPSS)/1024)
 	fmt.Fprintf(out, "| N | op | wall | per clone | PSS per clone | PSS per clone vs cold |\n|---|---|---|---|---|---|\n")
@@ -199,14 +201,14 @@ func (d *Daemons) benchFork(b *testing.B, out *strings.Builder, src string, cold
 
 // benchForkN is `cube fork src -n n` and its row; ok is false when the fork
 // failed (the row says why).
-func (d *Daemons) benchForkN(b *testing.B, src string, n int, coldPSS int64) (string, bool) {
+func (d *daemons) benchForkN(b *testing.B, src string, n int, coldPSS int64) (string, bool) {
 	prefix := fmt.Sprintf("bench-f%d", n)
 	start := time.Now()
 	o, e, rc := d.CubeRun(b, "fork", src, "-n", strconv.Itoa(n), "--prefix", prefix, "--all-or-nothing", "--json")
 	took := time.Since(start)
 	var f forked
 	if rc != 0 || json.Unmarshal([]byte(o), &f) != nil || len(f.Clones) != n {
-		why := FirstLine(strings.TrimSpace(e + o))
+		why := cubetest.FirstLine(strings.TrimSpace(e + o))
 		return fmt.Sprintf("| %d | `cube fork -n %d` failed: %s | | | | |\n", n, n, why), false
 	}
 	var ids []string
@@ -222,7 +224,7 @@ func (d *Daemons) benchForkN(b *testing.B, src string, n int, coldPSS int64) (st
 
 // benchRestoreN is n `cube restore`s of bench-fork, one after another, and
 // its row.
-func (d *Daemons) benchRestoreN(b *testing.B, n int, coldPSS int64) (string, bool) {
+func (d *daemons) benchRestoreN(b *testing.B, n int, coldPSS int64) (string, bool) {
 	var ids []string
 	defer func() {
 		for _, id := range ids {
@@ -234,7 +236,7 @@ func (d *Daemons) benchRestoreN(b *testing.B, n int, coldPSS int64) (string, boo
 		id := fmt.Sprintf("bench-r%d-%d", n, i+1)
 		if o, e, rc := d.CubeRun(b, "restore", "bench-fork", id, "--quiet"); rc != 0 {
 			d.Forget(id)
-			return fmt.Sprintf("| %d | restore %d of %d failed: %s | | | | |\n", n, i+1, n, FirstLine(strings.TrimSpace(e+o))), false
+			return fmt.Sprintf("| %d | restore %d of %d failed: %s | | | | |\n", n, i+1, n, cubetest.FirstLine(strings.TrimSpace(e+o))), false
 		}
 		ids = append(ids, id)
 	}
@@ -244,7 +246,7 @@ func (d *Daemons) benchRestoreN(b *testing.B, n int, coldPSS int64) (string, boo
 
 // settledPSS waits until every sandbox in ids counts again and returns
 // their cube-vmm processes' PSS (KiB).
-func (d *Daemons) settledPSS(b *testing.B, ids []string) []int64 {
+func (d *daemons) settledPSS(b *testing.B, ids []string) []int64 {
 	for _, id := range ids {
 		d.WaitStatus(b, id, "RUNNING", time.Minute)
 		d.CounterAbove(b, id, 0)

@@ -1,4 +1,4 @@
-package shim
+package checkpoint
 
 import (
 	"context"
@@ -10,13 +10,14 @@ import (
 	"time"
 
 	cube "github.com/cube-runtime/cube/contrib/sdk/go"
+	"github.com/cube-runtime/cube/integration/cubetest"
 )
 
 // importForAPI imports the test image into cube-api's namespace.
-func (d *Daemons) importForAPI(t *testing.T, ctx context.Context) {
+func (d *daemons) importForAPI(t *testing.T, ctx context.Context) {
 	t.Helper()
-	imp := exec.CommandContext(ctx, CtrBin, "--address", d.Dir+"/containerd.sock", "--namespace", apiNamespace,
-		"images", "import", "--snapshotter", "cube", ImageTar)
+	imp := exec.CommandContext(ctx, cubetest.CtrBin, "--address", d.Dir+"/containerd.sock", "--namespace", apiNamespace,
+		"images", "import", "--snapshotter", "cube", cubetest.ImageTar)
 	imp.Env = d.Env
 	if out, err := imp.CombinedOutput(); err != nil {
 		t.Fatalf("import into %s: %v\n%s", apiNamespace, err, out)
@@ -54,7 +55,7 @@ func apiStartWorker(t *testing.T, ctx context.Context, sb *cube.Sandbox) {
 // that maps it (in use, 409 on delete) and whose counter runs on from the
 // template's. At the end no sandbox, container or snapshot remains.
 func TestCubeAPIRestoreAndFork(t *testing.T) {
-	d := StartDaemons(t)
+	d := startDaemons(t)
 	if _, err := os.Stat(apiBin); err != nil {
 		t.Fatalf("cube-api not in the test host: %v", err)
 	}
@@ -71,7 +72,7 @@ func TestCubeAPIRestoreAndFork(t *testing.T) {
 		}
 	}()
 
-	src, err := c.Create(ctx, cube.CreateOptions{Template: ImageRef, Timeout: 900})
+	src, err := c.Create(ctx, cube.CreateOptions{Template: cubetest.ImageRef, Timeout: 900})
 	if err != nil {
 		t.Fatalf("create: %v", err)
 	}
@@ -165,7 +166,7 @@ func TestCubeAPIRestoreAndFork(t *testing.T) {
 	if err := c.DeleteSnapshot(ctx, snap.SnapshotID); err != nil {
 		t.Errorf("delete the snapshot: %v", err)
 	}
-	ls := exec.CommandContext(ctx, CtrBin, "--address", d.Dir+"/containerd.sock", "--namespace", apiNamespace, "containers", "ls", "-q")
+	ls := exec.CommandContext(ctx, cubetest.CtrBin, "--address", d.Dir+"/containerd.sock", "--namespace", apiNamespace, "containers", "ls", "-q")
 	ls.Env = d.Env
 	if out, err := ls.CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "" {
 		t.Errorf("containers left: %q %v", out, err)
@@ -181,13 +182,13 @@ func apiTemplateRound(t *testing.T, ctx context.Context, c *cube.Client) {
 	t.Helper()
 	before := len(apiSandboxes(t, ctx, c))
 	start := time.Now()
-	tp, err := c.BuildTemplate(ctx, ImageRef, cube.BuildTemplateOptions{TemplateID: "e2e-tpl",
+	tp, err := c.BuildTemplate(ctx, cubetest.ImageRef, cube.BuildTemplateOptions{TemplateID: "e2e-tpl",
 		ReadyCmd: []string{"sh", "-c", `test "$(cat /count 2>/dev/null || echo 0)" -gt 20`}, ReadyTimeout: 240})
 	if err != nil {
 		t.Fatalf("build a template: %v", err)
 	}
 	t.Logf("template %s (snapshot %s) built in %v", tp.TemplateID, tp.SnapshotID, time.Since(start))
-	if tp.Image != ImageRef || tp.InUse {
+	if tp.Image != cubetest.ImageRef || tp.InUse {
 		t.Errorf("template: %+v", tp)
 	}
 	if l, err := c.ListTemplates(ctx); err != nil || len(l) != 1 || l[0].TemplateID != "e2e-tpl" {
@@ -234,7 +235,7 @@ func apiTemplateRound(t *testing.T, ctx context.Context, c *cube.Client) {
 	}
 }
 
-// apiCounter reads counterScript's /count in sb.
+// apiCounter reads cubetest.CounterScript's /count in sb.
 func apiCounter(t *testing.T, ctx context.Context, sb *cube.Sandbox) int {
 	t.Helper()
 	res, err := sb.Commands.Run(ctx, "cat /count", cube.RunOptions{})

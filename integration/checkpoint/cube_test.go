@@ -1,4 +1,4 @@
-package shim
+package checkpoint
 
 import (
 	"os"
@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/cube-runtime/cube/hypervisor/snapshot"
+	"github.com/cube-runtime/cube/integration/cubetest"
 )
 
 // TestCubeSnapshots is the user's path for snapshots: containerd 2.4.2, a
@@ -19,13 +20,13 @@ import (
 // answers again with its old state and pid, an exec started after it ends
 // with 137, the sandbox holds the snapshot until it ends).
 func TestCubeSnapshots(t *testing.T) {
-	d := StartDaemons(t)
+	d := startDaemons(t)
 	const id = "cube-snap"
 	// Registered before the container: runs after its removal, when the
 	// sandbox no longer holds the snapshot it rolled back to.
 	var held []string
 	t.Cleanup(func() { d.emptyStore(t, held) })
-	tk := d.RunDetached(t, CubeRuntime, id, "sh", "-c", CounterScript)
+	tk := d.RunDetached(t, cubetest.CubeRuntime, id, "sh", "-c", cubetest.CounterScript)
 	n := d.CounterAbove(t, id, 0)
 
 	s1 := d.CubeJSON(t, "snapshot", id, "--name", "s1", "--json")
@@ -80,7 +81,7 @@ func TestCubeSnapshots(t *testing.T) {
 
 	// A runc container is not a VM: refused, saying so (when runc is in the test host).
 	if _, err := os.Stat("/cube/bin/runc"); err == nil {
-		d.RunDetached(t, RuncRuntime, "cube-snap-runc", "sleep", "1000")
+		d.RunDetached(t, cubetest.RuncRuntime, "cube-snap-runc", "sleep", "1000")
 		if out, rc := d.Cube(t, "snapshot", "cube-snap-runc"); rc != 1 || !strings.Contains(out, "runs with runtime io.containerd.runc.v2") {
 			t.Errorf("snapshot of a runc container: rc %d\n%s", rc, out)
 		}
@@ -98,7 +99,7 @@ func TestCubeSnapshots(t *testing.T) {
 
 // emptyStore deletes the snapshots in refs (the container that held them is
 // gone by now) and checks that nothing is left in the store.
-func (d *Daemons) emptyStore(t *testing.T, refs []string) {
+func (d *daemons) emptyStore(t *testing.T, refs []string) {
 	for _, ref := range refs {
 		if out, rc := d.Cube(t, "snapshots", "rm", ref); rc != 0 {
 			t.Errorf("rm %s after its sandbox ended: rc %d\n%s", ref, rc, out)

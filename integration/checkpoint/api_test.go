@@ -1,4 +1,4 @@
-package shim
+package checkpoint
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	cube "github.com/cube-runtime/cube/contrib/sdk/go"
+	"github.com/cube-runtime/cube/integration/cubetest"
 )
 
 // apiBin is cube-api in the test host (TestMain builds it).
@@ -57,14 +58,14 @@ const (
 
 // startAPI starts cube-api on a free loopback port and waits for /health;
 // the returned function stops it (SIGTERM, graceful).
-func (d *Daemons) startAPI(t *testing.T, addr string) func() {
+func (d *daemons) startAPI(t *testing.T, addr string) func() {
 	t.Helper()
 	conf := filepath.Join(d.Dir, "api.toml")
 	cniConf, cniCache := filepath.Join(d.Dir, "cni"), filepath.Join(d.Dir, "cni-cache")
 	os.MkdirAll(cniConf, 0o755)
 	os.WriteFile(filepath.Join(cniConf, apiNetName+".conflist"), fmt.Appendf(nil, apiNetConf, filepath.Join(cniCache, "ipam")), 0o644)
 	os.WriteFile(conf, fmt.Appendf(nil, apiConfig, addr, apiKey, d.Dir+"/containerd.sock", d.Dir+"/state",
-		apiNamespace, d.StoreRoot(), CounterScript, apiNetName, cniConf, cniCache, CNIBinDir, CubeBin), 0o644)
+		apiNamespace, d.StoreRoot(), cubetest.CounterScript, apiNetName, cniConf, cniCache, cubetest.CNIBinDir, cubetest.CubeBin), 0o644)
 	logPath := filepath.Join(d.Dir, "api.log")
 	lf, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
@@ -80,7 +81,7 @@ func (d *Daemons) startAPI(t *testing.T, addr string) func() {
 	stopAPI := func() {
 		if !stopped {
 			stopped = true
-			Stop(t, cmd, logPath)
+			cubetest.Stop(t, cmd, logPath)
 		}
 	}
 	t.Cleanup(stopAPI)
@@ -115,15 +116,15 @@ func freeAddr(t *testing.T) string {
 // HTTP (through the Go SDK): create → commands → snapshot → list → pause →
 // connect → restart of cube-api → delete, and the error answers.
 func TestCubeAPI(t *testing.T) {
-	d := StartDaemons(t)
+	d := startDaemons(t)
 	if _, err := os.Stat(apiBin); err != nil {
 		t.Fatalf("cube-api not in the test host: %v", err)
 	}
 	// cube-api keeps its sandboxes in a namespace of its own: the image goes there too.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	imp := exec.CommandContext(ctx, CtrBin, "--address", d.Dir+"/containerd.sock", "--namespace", apiNamespace,
-		"images", "import", "--snapshotter", "cube", ImageTar)
+	imp := exec.CommandContext(ctx, cubetest.CtrBin, "--address", d.Dir+"/containerd.sock", "--namespace", apiNamespace,
+		"images", "import", "--snapshotter", "cube", cubetest.ImageTar)
 	imp.Env = d.Env
 	if out, err := imp.CombinedOutput(); err != nil {
 		t.Fatalf("import into %s: %v\n%s", apiNamespace, err, out)
@@ -141,7 +142,7 @@ func TestCubeAPI(t *testing.T) {
 	}
 
 	start := time.Now()
-	sb, err := c.Create(ctx, cube.CreateOptions{Template: ImageRef, Timeout: 900, Metadata: map[string]string{"test": "e2e"},
+	sb, err := c.Create(ctx, cube.CreateOptions{Template: cubetest.ImageRef, Timeout: 900, Metadata: map[string]string{"test": "e2e"},
 		Envs: map[string]string{"GREETING": "hello"}})
 	if err != nil {
 		t.Fatalf("create: %v", err)
@@ -224,7 +225,7 @@ func TestCubeAPI(t *testing.T) {
 	if _, err := c.Connect(ctx, sb.ID, 0); !cube.IsNotFound(err) {
 		t.Errorf("killed sandbox: %v", err)
 	}
-	ls := exec.CommandContext(ctx, CtrBin, "--address", d.Dir+"/containerd.sock", "--namespace", apiNamespace, "containers", "ls", "-q")
+	ls := exec.CommandContext(ctx, cubetest.CtrBin, "--address", d.Dir+"/containerd.sock", "--namespace", apiNamespace, "containers", "ls", "-q")
 	ls.Env = d.Env
 	if out, err := ls.CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "" {
 		t.Errorf("containers left: %q %v", out, err)

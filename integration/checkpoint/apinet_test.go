@@ -1,4 +1,4 @@
-package shim
+package checkpoint
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/cube-runtime/cube/checkpoint/sandboxnet"
 	cube "github.com/cube-runtime/cube/contrib/sdk/go"
+	"github.com/cube-runtime/cube/integration/cubetest"
 )
 
 // Two addresses of the test host (on lo), outside the sandboxes' network:
@@ -33,18 +34,18 @@ const (
 // address (and MAC) and answer on it, the source keeping its own. Deleting
 // sandboxes releases their addresses and bridge ports.
 func TestCubeAPINetwork(t *testing.T) {
-	d := StartDaemons(t)
+	d := startDaemons(t)
 	for _, ip := range []string{apiNetServerA, apiNetServerB} {
 		if out, err := exec.Command("/bin/busybox", "ip", "addr", "add", ip+"/32", "dev", "lo").CombinedOutput(); err != nil {
 			t.Fatalf("add %s to lo: %v: %s", ip, err, out)
 		}
 		t.Cleanup(func() { exec.Command("/bin/busybox", "ip", "addr", "del", ip+"/32", "dev", "lo").Run() })
 	}
-	a, b := NewCountingServer(t, apiNetServerA), NewCountingServer(t, apiNetServerB)
+	a, b := cubetest.NewCountingServer(t, apiNetServerA), cubetest.NewCountingServer(t, apiNetServerB)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	imp := exec.CommandContext(ctx, CtrBin, "--address", d.Dir+"/containerd.sock", "--namespace", apiNamespace,
-		"images", "import", "--snapshotter", "cube", ImageTar)
+	imp := exec.CommandContext(ctx, cubetest.CtrBin, "--address", d.Dir+"/containerd.sock", "--namespace", apiNamespace,
+		"images", "import", "--snapshotter", "cube", cubetest.ImageTar)
 	imp.Env = d.Env
 	if out, err := imp.CombinedOutput(); err != nil {
 		t.Fatalf("import into %s: %v\n%s", apiNamespace, err, out)
@@ -54,21 +55,21 @@ func TestCubeAPINetwork(t *testing.T) {
 	c := &cube.Client{URL: "http://" + addr, APIKey: apiKey}
 
 	no := false
-	sb, err := c.Create(ctx, cube.CreateOptions{Template: ImageRef, Timeout: 900, AllowInternetAccess: &no,
+	sb, err := c.Create(ctx, cube.CreateOptions{Template: cubetest.ImageRef, Timeout: 900, AllowInternetAccess: &no,
 		Network: &cube.Network{AllowOut: []string{apiNetServerA}}})
 	if err != nil {
 		t.Fatalf("create: %v", err)
 	}
 	defer sb.Kill(context.Background())
 	ip, err := sandboxnet.Address(sandboxnet.Config{Network: apiNetName, ConfDir: filepath.Join(d.Dir, "cni"),
-		BinDirs: []string{CNIBinDir}, CacheDir: filepath.Join(d.Dir, "cni-cache")}, sb.ID)
+		BinDirs: []string{cubetest.CNIBinDir}, CacheDir: filepath.Join(d.Dir, "cni-cache")}, sb.ID)
 	if err != nil {
 		t.Fatalf("the sandbox's address: %v", err)
 	}
 	if res, err := sb.Commands.Run(ctx, "busybox ip -4 addr show eth0", cube.RunOptions{}); err != nil || !strings.Contains(res.Stdout, ip.String()+"/24") {
 		t.Errorf("the guest's eth0 lacks %s: %+v %v", ip, res, err)
 	}
-	fetch := func(sb *cube.Sandbox, s *CountingServer) (string, bool) {
+	fetch := func(sb *cube.Sandbox, s *cubetest.CountingServer) (string, bool) {
 		res, _ := sb.Commands.Run(ctx, "busybox timeout 5 busybox wget -q -O - "+s.URL+" 2>&1; echo rc=$?", cube.RunOptions{})
 		return res.Stdout, strings.Contains(res.Stdout, "hello-from") && strings.HasSuffix(strings.TrimSpace(res.Stdout), "rc=0")
 	}
@@ -126,7 +127,7 @@ func TestCubeAPINetwork(t *testing.T) {
 		}
 		defer d.cubeRemove(t, cl.ID)
 		cip, err := sandboxnet.Address(sandboxnet.Config{Network: apiNetName, ConfDir: filepath.Join(d.Dir, "cni"),
-			BinDirs: []string{CNIBinDir}, CacheDir: filepath.Join(d.Dir, "cni-cache")}, cl.ID)
+			BinDirs: []string{cubetest.CNIBinDir}, CacheDir: filepath.Join(d.Dir, "cni-cache")}, cl.ID)
 		if err != nil {
 			t.Errorf("clone %s's address: %v", cl.ID, err)
 			continue
@@ -213,11 +214,11 @@ func httpGet(url string) (string, error) {
 
 // cubeRemove removes container id of cube-api's namespace (a clone of its
 // sandbox made by `cube fork`), task first; a missing one is fine.
-func (d *Daemons) cubeRemove(t *testing.T, id string) {
+func (d *daemons) cubeRemove(t *testing.T, id string) {
 	ctr := func(args ...string) (string, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, CtrBin, append([]string{"--address", d.Dir + "/containerd.sock", "--namespace", apiNamespace}, args...)...)
+		cmd := exec.CommandContext(ctx, cubetest.CtrBin, append([]string{"--address", d.Dir + "/containerd.sock", "--namespace", apiNamespace}, args...)...)
 		cmd.Env, cmd.WaitDelay = d.Env, 10*time.Second
 		out, err := cmd.CombinedOutput()
 		return string(out), err

@@ -1,4 +1,4 @@
-package shim
+package cubetest
 
 import (
 	"bytes"
@@ -20,7 +20,7 @@ import (
 // truncated and empty.
 const CounterScript = "i=0; while :; do i=$((i+1)); echo $i > /count.new; busybox mv -f /count.new /count; sleep 0.1; done"
 
-// ReadCounter reads counterScript's /count in container id (a `ctr task exec` of cat).
+// ReadCounter reads CounterScript's /count in container id (a `ctr task exec` of cat).
 func (d *Daemons) ReadCounter(t testing.TB, id string) int {
 	t.Helper()
 	out, rc, err := d.CtrQuiet(nil, "task", "exec", "--exec-id", fmt.Sprintf("c%d", time.Now().UnixNano()), id, "cat", "/count")

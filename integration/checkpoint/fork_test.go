@@ -1,4 +1,4 @@
-package shim
+package checkpoint
 
 import (
 	"encoding/json"
@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cube-runtime/cube/checkpoint/clone"
+	"github.com/cube-runtime/cube/integration/cubetest"
 )
 
 // forked is `cube fork --json`'s output.
@@ -24,7 +25,7 @@ type forked struct {
 }
 
 // containers lists `ctr containers ls -q`.
-func (d *Daemons) containers(t *testing.T) map[string]bool {
+func (d *daemons) containers(t *testing.T) map[string]bool {
 	t.Helper()
 	out, rc, err := d.CtrQuiet(nil, "containers", "ls", "-q")
 	if err != nil || rc != 0 {
@@ -65,11 +66,11 @@ func memoryOf(pid int) (rss, pss string) {
 // `cube restore` of that snapshot under a new id: equal, advances; the
 // snapshot's deletion is refused while the restored VM maps it.
 func TestCubeForkAndRestore(t *testing.T) {
-	d := StartDaemons(t)
+	d := startDaemons(t)
 	const src = "cube-fork-src"
 	var held []string
 	t.Cleanup(func() { d.emptyStore(t, held) })
-	args := append(append([]string{"run", "-d"}, CubeRuntime.Args...), ImageRef, src, "sh", "-c", CounterScript)
+	args := append(append([]string{"run", "-d"}, cubetest.CubeRuntime.Args...), cubetest.ImageRef, src, "sh", "-c", cubetest.CounterScript)
 	if out, rc, err := d.Ctr(args...); err != nil || rc != 0 {
 		t.Fatalf("ctr run -d: rc %d %v\n%s", rc, err, out)
 	}
@@ -86,7 +87,7 @@ func TestCubeForkAndRestore(t *testing.T) {
 	// What a fork that crashed after making a clone leaves: a container still marked pending by a process
 	// that is gone. The next fork removes it first.
 	if out, rc, err := d.Ctr("containers", "create", "--snapshotter", "cube", "--label", clone.LabelForkPending+"=fork-crashed/2147483646/1",
-		ImageRef, "crashed-clone", "true"); err != nil || rc != 0 {
+		cubetest.ImageRef, "crashed-clone", "true"); err != nil || rc != 0 {
 		t.Fatalf("ctr containers create: rc %d %v\n%s", rc, err, out)
 	}
 	out, errOut, rc := d.CubeRun(t, "fork", src, "-n", "3", "--prefix", "clone", "--json")
@@ -154,7 +155,7 @@ func TestCubeForkAndRestore(t *testing.T) {
 
 	// All or nothing: the third clone's id is taken, so its restore fails;
 	// the two made are removed, the taken id's container is not touched.
-	if out, rc, err := d.Ctr("containers", "create", "--snapshotter", "cube", "--runtime", "io.cube.v1", ImageRef, "bad-3", "true"); err != nil || rc != 0 {
+	if out, rc, err := d.Ctr("containers", "create", "--snapshotter", "cube", "--runtime", "io.cube.v1", cubetest.ImageRef, "bad-3", "true"); err != nil || rc != 0 {
 		t.Fatalf("ctr containers create bad-3: rc %d %v\n%s", rc, err, out)
 	}
 	t.Cleanup(func() { d.CtrQuiet(nil, "containers", "rm", "bad-3") })

@@ -1,4 +1,4 @@
-package shim
+package checkpoint
 
 import (
 	"bufio"
@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cube-runtime/cube/integration/cubetest"
 	"github.com/cube-runtime/cube/integration/testhost"
 )
 
@@ -50,7 +51,7 @@ func demoForwards() ([]testhost.Forward, error) {
 // copies start from that state and then diverge) and exits 1 when one does
 // not hold; its lines are the test's log. Afterwards nothing it made remains.
 func TestDemo(t *testing.T) {
-	d := StartDaemons(t)
+	d := startDaemons(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	d.importForAPI(t, ctx)
@@ -62,7 +63,7 @@ func TestDemo(t *testing.T) {
 	addr := freeAddr(t)
 	d.startAPI(t, addr)
 
-	cmd := exec.CommandContext(ctx, demoBin, "-template", ImageRef, "-fork", "2")
+	cmd := exec.CommandContext(ctx, demoBin, "-template", cubetest.ImageRef, "-fork", "2")
 	cmd.Env = append(os.Environ(), "CUBE_API_URL=http://"+addr, "CUBE_API_KEY="+apiKey)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -98,9 +99,9 @@ func TestDemo(t *testing.T) {
 }
 
 // checkAPINamespaceEmpty fails the test when a container is left in cube-api's namespace.
-func (d *Daemons) checkAPINamespaceEmpty(t *testing.T, ctx context.Context) {
+func (d *daemons) checkAPINamespaceEmpty(t *testing.T, ctx context.Context) {
 	t.Helper()
-	ls := exec.CommandContext(ctx, CtrBin, "--address", d.Dir+"/containerd.sock", "--namespace", apiNamespace, "containers", "ls", "-q")
+	ls := exec.CommandContext(ctx, cubetest.CtrBin, "--address", d.Dir+"/containerd.sock", "--namespace", apiNamespace, "containers", "ls", "-q")
 	ls.Env = d.Env
 	left, err := ls.CombinedOutput()
 	if err != nil {
@@ -114,7 +115,7 @@ func (d *Daemons) checkAPINamespaceEmpty(t *testing.T, ctx context.Context) {
 // serveDemo runs cube-api on the forwarded port (all addresses: the forward arrives on eth0; its API key is
 // the e2e one, which the script outside uses) and waits for POST /done on the other forwarded port, or the
 // context's end.
-func (d *Daemons) serveDemo(t *testing.T, ctx context.Context) {
+func (d *daemons) serveDemo(t *testing.T, ctx context.Context) {
 	d.startAPI(t, fmt.Sprintf("0.0.0.0:%d", demoAPIPort))
 	done := make(chan struct{})
 	var once sync.Once

@@ -1,15 +1,17 @@
-package shim
+package checkpoint
 
 import (
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/cube-runtime/cube/integration/cubetest"
 )
 
 // startWorker copies the worker (integration/snapshot/worker) into container
 // id and runs it as an exec beside the init; it returns the exec's ctr.
-func (d *Daemons) startWorker(t *testing.T, id string) *BG {
+func (d *daemons) startWorker(t *testing.T, id string) *cubetest.BG {
 	t.Helper()
 	bin, err := os.Open(workerBin)
 	if err != nil {
@@ -25,9 +27,9 @@ func (d *Daemons) startWorker(t *testing.T, id string) *BG {
 }
 
 // checkpointLeftovers lists containerd's temporary checkpoint directories
-// (containerd makes them in its temp directory, d.dir/tmp; the shim removes
+// (containerd makes them in its temp directory, d.Dir/tmp; the shim removes
 // the one a restore unpacked, containerd the one a checkpoint wrote).
-func (d *Daemons) checkpointLeftovers() []string {
+func (d *daemons) checkpointLeftovers() []string {
 	m, _ := filepath.Glob(filepath.Join(d.Dir, "tmp", "ctrd-checkpoint*"))
 	return m
 }
@@ -42,10 +44,10 @@ func (d *Daemons) checkpointLeftovers() []string {
 // Then the same on a second containerd (restoreElsewhere): the checkpoint
 // image moved with `ctr images export` / `ctr images import --no-unpack`.
 func TestCtrContainerRestore(t *testing.T) {
-	d := StartDaemons(t)
+	d := startDaemons(t)
 	const src, dst = "cube-cp-src", "cube-cp-dst"
 	const ref = "docker.io/e2e/cube-checkpoint:1"
-	args := append(append([]string{"run", "-d"}, CubeRuntime.Args...), ImageRef, src, "sh", "-c", CounterScript)
+	args := append(append([]string{"run", "-d"}, cubetest.CubeRuntime.Args...), cubetest.ImageRef, src, "sh", "-c", cubetest.CounterScript)
 	if out, rc, err := d.Ctr(args...); err != nil || rc != 0 {
 		t.Fatalf("ctr run -d: rc %d %v\n%s", rc, err, out)
 	}
@@ -116,7 +118,7 @@ func TestCtrContainerRestore(t *testing.T) {
 // it and remove its directory): the image moved with `ctr images export` and
 // `ctr images import --no-unpack`, the restored worker equals the
 // checkpoint's (at), then advances.
-func (d *Daemons) restoreElsewhere(t *testing.T, ref string, at workerState) {
+func (d *daemons) restoreElsewhere(t *testing.T, ref string, at workerState) {
 	tar := filepath.Join(d.Dir, "checkpoint.tar")
 	// --skip-manifest-json: Docker's manifest.json describes image manifests; a checkpoint's index lists
 	// its blobs (criu.tar, rw layer, spec) beside the image, and ctr fails to describe those.
@@ -124,7 +126,7 @@ func (d *Daemons) restoreElsewhere(t *testing.T, ref string, at workerState) {
 		t.Fatalf("ctr images export of the checkpoint: rc %d %v\n%s", rc, err, out)
 	}
 	defer os.Remove(tar)
-	d2 := StartDaemons(t)
+	d2 := startDaemons(t)
 	if out, rc, err := d2.Ctr("images", "import", "--no-unpack", tar); err != nil || rc != 0 {
 		t.Fatalf("second containerd: ctr images import --no-unpack of the checkpoint: rc %d %v\n%s", rc, err, out)
 	}
