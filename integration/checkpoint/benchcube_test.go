@@ -17,7 +17,8 @@ import (
 // printed, nothing is asserted on times):
 //   - rollback through the shim service (`cube rollback`: CLI wall, shim
 //     total) vs the cube-vmm op alone (the Rollback reply's vmm figures);
-//   - `ctr containers restore --live` vs a cold `ctr run -d`;
+//   - `ctr containers restore --live` vs a cold `ctr run -d` (templates off)
+//     vs `ctr run -d` from the automatic template;
 //   - `cube fork -n N` for N = 1, 4, 8 (wall, per clone) vs N `cube
 //     restore`s of one snapshot, and the host memory per clone (PSS of the
 //     clones' cube-vmm, smaps_rollup) vs a cold-booted sandbox's.
@@ -52,18 +53,44 @@ func BenchmarkCube(b *testing.B) {
 
 const benchRollbackRounds = 3
 
-// benchColdRun cold-boots two sandboxes with `ctr run -d` (the first stays:
-// the source of the other parts), prints their times, and returns the
+// benchColdRun cold-boots two sandboxes with `ctr run -d` and templates off (the first stays: the source of
+// the other parts), then starts two from the automatic template (the default configuration, after an
+// untimed probe run that makes the template if no earlier run did), prints their times, and returns the
 // source's id and a cold-booted sandbox's cube-vmm PSS (KiB).
 func (d *daemons) benchColdRun(b *testing.B, out *strings.Builder) (string, int64) {
+	cold, pss, src := d.benchRuns(b, "bench-cold", d.ColdRuntime(b), true)
+	probe := append(append([]string{"run", "--rm"}, cubetest.CubeRuntime.Args...), cubetest.ImageRef, "bench-probe", "true")
+	if o, rc, err := d.CtrQuiet(nil, probe...); err != nil || rc != 0 {
+		b.Fatalf("template probe run: rc %d %v\n%s", rc, err, o)
+	}
+	from := d.LogSize()
+	tmpl, tmplPSS, _ := d.benchRuns(b, "bench-tmpl", cubetest.CubeRuntime.Args, false)
+	if log := d.LogFrom(from); strings.Count(log, cubetest.LogRestoring) < len(tmpl) {
+		b.Fatalf("the template runs were not restored from a template; shim log:\n%s", cubetest.GrepLines(log, "template"))
+	}
+	fmt.Fprintf(out, "\n### cold `ctr run -d` vs from a template vs `ctr containers restore --live` (wall of the ctr command)\n\n")
+	if m := cubetest.Median(tmpl); m > 0 {
+		fmt.Fprintf(out, "cold / template: %.2fx; cube-vmm PSS cold %d KiB, from the template %d KiB\n\n",
+			float64(cubetest.Median(cold))/float64(m), pss, tmplPSS)
+	}
+	fmt.Fprintf(out, "| op | samples | median | min | max |\n|---|---|---|---|---|\n")
+	fmt.Fprintf(out, "| cold `ctr run -d` (templates off: boot + start) | %d | %v | %v | %v |\n", len(cold), ms(cubetest.Median(cold)), ms(minDur(cold)), ms(maxDur(cold)))
+	fmt.Fprintf(out, "| `ctr run -d` from the automatic template (restore + start) | %d | %v | %v | %v |\n", len(tmpl), ms(cubetest.Median(tmpl)), ms(minDur(tmpl)), ms(maxDur(tmpl)))
+	return src, pss
+}
+
+// benchRuns starts two sandboxes `ctr run -d` with the runtime flags args, each counting; it removes them
+// (but the first when keepFirst) and returns their times, the second's settled cube-vmm PSS (KiB) and the
+// first's id.
+func (d *daemons) benchRuns(b *testing.B, prefix string, args []string, keepFirst bool) ([]time.Duration, int64, string) {
 	var times []time.Duration
 	var pss int64
-	src := ""
+	first := ""
 	for i := range 2 {
-		id := fmt.Sprintf("bench-cold%d", i)
-		args := append(append([]string{"run", "-d"}, cubetest.CubeRuntime.Args...), cubetest.ImageRef, id, "sh", "-c", cubetest.CounterScript)
+		id := fmt.Sprintf("%s%d", prefix, i)
+		cargs := append(append([]string{"run", "-d"}, args...), cubetest.ImageRef, id, "sh", "-c", cubetest.CounterScript)
 		start := time.Now()
-		o, rc, err := d.CtrQuiet(nil, args...)
+		o, rc, err := d.CtrQuiet(nil, cargs...)
 		if err != nil || rc != 0 {
 			b.Fatalf("ctr run -d %s: rc %d %v\n%s", id, rc, err, o)
 		}
@@ -71,17 +98,17 @@ func (d *daemons) benchColdRun(b *testing.B, out *strings.Builder) (string, int6
 		tk := d.WaitStatus(b, id, "RUNNING", time.Minute)
 		d.CounterAbove(b, id, 0)
 		if i == 0 {
-			src = id
-			continue
+			first = id
+			if keepFirst {
+				continue
+			}
+		} else {
+			time.Sleep(2 * time.Second) // settled: booted, the counter running
+			pss = pssKiB(b, tk.PID)
 		}
-		time.Sleep(2 * time.Second) // settled: booted, the counter running
-		pss = pssKiB(b, tk.PID)
 		d.Remove(b, id)
 	}
-	fmt.Fprintf(out, "\n### cold `ctr run -d` vs `ctr containers restore --live` (wall of the ctr command)\n\n")
-	fmt.Fprintf(out, "| op | samples | median | min | max |\n|---|---|---|---|---|\n")
-	fmt.Fprintf(out, "| cold `ctr run -d` (boot + start) | %d | %v | %v | %v |\n", len(times), ms(cubetest.Median(times)), ms(minDur(times)), ms(maxDur(times)))
-	return src, pss
+	return times, pss, first
 }
 
 // benchRestore checkpoints src (`ctr containers checkpoint --task`) and

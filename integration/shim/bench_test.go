@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -59,7 +58,7 @@ func BenchmarkCtrRunTrue(b *testing.B) {
 		}
 		loss.Check(b)
 	}
-	b.Run("cube-cold", func(b *testing.B) { run(b, benchloss.New(b), "cube-cold", d.coldRuntime(b)...) })
+	b.Run("cube-cold", func(b *testing.B) { run(b, benchloss.New(b), "cube-cold", d.ColdRuntime(b)...) })
 	b.Run("cube-template", func(b *testing.B) {
 		loss := benchloss.New(b)
 		run(b, loss, "cube-template", d.templateRuntime(b, loss)...)
@@ -101,17 +100,6 @@ func runTable(medians map[string]time.Duration, lost map[string]int) string {
 	return t.String()
 }
 
-// coldRuntime returns the ctr run flags for io.cube.v1 with templates off
-// (`templates = false`): every sandbox cold-boots.
-func (d *daemons) coldRuntime(tb testing.TB) []string {
-	conf := filepath.Join(d.Dir, "shim-cold.toml")
-	body := fmt.Sprintf(cubetest.ShimConfig, cubetest.CubeVMM, cubetest.GuestKernel, cubetest.GuestInitrd, d.Dir) + "templates = false\n"
-	if err := os.WriteFile(conf, []byte(body), 0o644); err != nil {
-		tb.Fatal(err)
-	}
-	return append([]string{"--runtime-config-path", conf}, cubetest.CubeRuntime.Args...)
-}
-
 // templateRuntime returns the ctr run flags for io.cube.v1 with the default
 // configuration (automatic templates), after one untimed probe run that
 // makes the template if no earlier run did (docs/shim.md, "Templates"). A
@@ -127,11 +115,11 @@ func (d *daemons) templateRuntime(b *testing.B, loss *benchloss.Counter) []strin
 			d.Forget("probe")
 			return d.CtrFailure(cargs, out, rc, err, from)
 		}
-		log := d.logFrom(from)
-		if !strings.Contains(log, logRestoring) {
-			b.Fatalf("probe run was not restored from a template; shim log:\n%s", grepLines(log, "template"))
+		log := d.LogFrom(from)
+		if !strings.Contains(log, cubetest.LogRestoring) {
+			b.Fatalf("probe run was not restored from a template; shim log:\n%s", cubetest.GrepLines(log, "template"))
 		}
-		b.Logf("probe run (template made: %v) took %v", strings.Contains(log, logTemplateMade), time.Since(start))
+		b.Logf("probe run (template made: %v) took %v", strings.Contains(log, cubetest.LogTemplateMade), time.Since(start))
 		return nil
 	}))
 	return args
@@ -144,7 +132,7 @@ func (d *daemons) templateRuntime(b *testing.B, loss *benchloss.Counter) []strin
 // guest's own memory. Run with -benchtime 1x: the fill is the measurement.
 func BenchmarkCtrDensity(b *testing.B) {
 	d := startDaemons(b)
-	b.Run("cold", func(b *testing.B) { d.density(b, benchloss.New(b), "cold", d.coldRuntime(b)) })
+	b.Run("cold", func(b *testing.B) { d.density(b, benchloss.New(b), "cold", d.ColdRuntime(b)) })
 	b.Run("template", func(b *testing.B) {
 		loss := benchloss.New(b)
 		d.density(b, loss, "template", d.templateRuntime(b, loss))

@@ -11,14 +11,6 @@ import (
 	"github.com/cube-runtime/cube/shim/template"
 )
 
-// Shim log lines (shim/sandbox, shim/template) the template tests look for
-// in containerd's log, which carries the shims' logs.
-const (
-	logTemplateMade = "template made"
-	logRestoring    = "restoring from template"
-	logNoTemplate   = "cold boot: no template"
-)
-
 // TestTemplatesByDefault: with the default configuration (templates on; only
 // template_dir moved to a fresh directory so the first use is seen), the
 // first `ctr run` makes the template and restores from it, the second reuses
@@ -41,7 +33,7 @@ func TestTemplatesByDefault(t *testing.T) {
 		if err != nil || rc != 0 || !strings.Contains(out, "hello-"+id) {
 			t.Fatalf("ctr run %s: rc %d %v\n%s", id, rc, err, out)
 		}
-		return d.logFrom(from)
+		return d.LogFrom(from)
 	}
 	keys := func() []template.Info {
 		t.Helper()
@@ -54,8 +46,8 @@ func TestTemplatesByDefault(t *testing.T) {
 
 	// First use: made, then restored from.
 	log1 := run(conf, "tmpl1")
-	if strings.Count(log1, logTemplateMade) != 1 || !strings.Contains(log1, logRestoring) {
-		t.Fatalf("first run: want one %q and %q in the shim log; got:\n%s", logTemplateMade, logRestoring, grepLines(log1, "template"))
+	if strings.Count(log1, cubetest.LogTemplateMade) != 1 || !strings.Contains(log1, cubetest.LogRestoring) {
+		t.Fatalf("first run: want one %q and %q in the shim log; got:\n%s", cubetest.LogTemplateMade, cubetest.LogRestoring, cubetest.GrepLines(log1, "template"))
 	}
 	l := keys()
 	if len(l) != 1 || l[0].Meta.Key != l[0].Key || l[0].Failed != "" {
@@ -65,8 +57,8 @@ func TestTemplatesByDefault(t *testing.T) {
 
 	// Second use: the same template, not made again.
 	log2 := run(conf, "tmpl2")
-	if strings.Contains(log2, logTemplateMade) || !strings.Contains(log2, logRestoring) || strings.Contains(log2, logNoTemplate) {
-		t.Fatalf("second run: want the template reused; shim log:\n%s", grepLines(log2, "template"))
+	if strings.Contains(log2, cubetest.LogTemplateMade) || !strings.Contains(log2, cubetest.LogRestoring) || strings.Contains(log2, cubetest.LogNoTemplate) {
+		t.Fatalf("second run: want the template reused; shim log:\n%s", cubetest.GrepLines(log2, "template"))
 	}
 	if l := keys(); len(l) != 1 || !l[0].Meta.Created.Equal(first.Meta.Created) {
 		t.Fatalf("templates after the second run: %+v, want only %+v", l, first)
@@ -87,8 +79,8 @@ func TestTemplatesByDefault(t *testing.T) {
 		t.Fatal(err)
 	}
 	log3 := run(conf2, "tmpl3")
-	if strings.Count(log3, logTemplateMade) != 1 || !strings.Contains(log3, logRestoring) {
-		t.Fatalf("run with a new initrd: want the template made again; shim log:\n%s", grepLines(log3, "template"))
+	if strings.Count(log3, cubetest.LogTemplateMade) != 1 || !strings.Contains(log3, cubetest.LogRestoring) {
+		t.Fatalf("run with a new initrd: want the template made again; shim log:\n%s", cubetest.GrepLines(log3, "template"))
 	}
 	l = keys()
 	if len(l) != 2 || l[0].Key != first.Key || l[1].Meta.Digests["initrd"] == first.Meta.Digests["initrd"] {
@@ -109,26 +101,6 @@ func TestTemplatesByDefault(t *testing.T) {
 	}
 }
 
-// logFrom is containerd's log (with the shims' lines) from byte offset from.
-func (d *daemons) logFrom(from int64) string {
-	b, _ := os.ReadFile(filepath.Join(d.Dir, "containerd.log"))
-	if from > int64(len(b)) {
-		return ""
-	}
-	return string(b[from:])
-}
-
-// grepLines is the lines of s containing sub.
-func grepLines(s, sub string) string {
-	var out []string
-	for _, l := range strings.Split(s, "\n") {
-		if strings.Contains(l, sub) {
-			out = append(out, l)
-		}
-	}
-	return strings.Join(out, "\n")
-}
-
 // TestCRIPodFromTemplate: a host-network CRI pod (no NIC: a template can
 // serve it) with the default configuration starts from a template (made
 // now or by an earlier test: the default template_dir is shared), and an
@@ -147,8 +119,8 @@ func TestCRIPodFromTemplate(t *testing.T) {
 		c.crictl("rmp", "-f", pod)
 	})
 	b, _ := os.ReadFile(filepath.Join(c.dir, "containerd.log"))
-	if log := string(b); !strings.Contains(log, logRestoring) || strings.Contains(log, logNoTemplate) {
-		t.Fatalf("pod sandbox not restored from a template; shim log:\n%s", grepLines(log, "template"))
+	if log := string(b); !strings.Contains(log, cubetest.LogRestoring) || strings.Contains(log, cubetest.LogNoTemplate) {
+		t.Fatalf("pod sandbox not restored from a template; shim log:\n%s", cubetest.GrepLines(log, "template"))
 	}
 	cj := filepath.Join(c.dir, "app.json")
 	os.WriteFile(cj, fmt.Appendf(nil, criContainerConfig, "app", cubetest.ImageRef), 0o644)
