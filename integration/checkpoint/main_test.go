@@ -8,12 +8,14 @@ import (
 	"fmt"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/cube-runtime/cube/integration/cubetest"
 )
 
 func TestMain(m *testing.M) {
-	s := cubetest.Setup{Name: "checkpoint", Bins: map[string]string{
+	// Timeout: the package runs about 12–15 minutes alone in a test host and up to 22 beside another one.
+	s := cubetest.Setup{Name: "checkpoint", Timeout: 35 * time.Minute, Bins: map[string]string{
 		// The rollback worker (static: it runs in the busybox image).
 		workerBin: "github.com/cube-runtime/cube/integration/snapshot/worker",
 		apiBin:    "github.com/cube-runtime/cube/cmd/cube-api",
