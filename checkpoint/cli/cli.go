@@ -49,6 +49,8 @@ type Shim interface {
 	Inspect(ctx context.Context, req *api.InspectRequest) (*api.InspectResponse, error)
 	SetNetworkPolicy(ctx context.Context, req *api.SetNetworkPolicyRequest) (*api.NetworkPolicyResponse, error)
 	GetNetworkPolicy(ctx context.Context, req *api.GetNetworkPolicyRequest) (*api.NetworkPolicyResponse, error)
+	ListProcesses(ctx context.Context, req *api.ListProcessesRequest) (*api.ListProcessesResponse, error)
+	Signal(ctx context.Context, req *api.SignalRequest) (*api.SignalResponse, error)
 	Close() error
 }
 
@@ -153,6 +155,10 @@ Commands:
   snapshots inspect ID|NAME
                            show one snapshot as JSON
   snapshots rm ID|NAME...  delete snapshots
+  ps CONTAINER [--json]    list the guest's processes of CONTAINER's sandbox, also
+                           those containerd forgot (after a rollback)
+  kill CONTAINER [--exec EXEC_ID | --all] [--signal SIG]
+                           signal a process in the guest, also one containerd forgot
   network policy CONTAINER [--no-internet] [--allow-out CIDR] [--deny-out CIDR] [--reset]
                            show or replace the egress policy of CONTAINER's sandbox
   templates ls|rm [KEY...]  list or remove the shim's automatic templates
@@ -191,6 +197,10 @@ func Run(ctx context.Context, args []string, env Env) int {
 		return r.restore(ctx, rest)
 	case "fork":
 		return r.fork(ctx, rest)
+	case "ps":
+		return r.ps(ctx, rest)
+	case "kill":
+		return r.kill(ctx, rest)
 	case "network":
 		return r.network(ctx, rest)
 	case "templates":
@@ -200,7 +210,7 @@ func Run(ctx context.Context, args []string, env Env) int {
 	case "help":
 		return r.help(rest)
 	}
-	return r.usageError("cube", fmt.Sprintf("unknown command %q (commands: snapshot, rollback, restore, fork, snapshots, network, templates, help)", cmd))
+	return r.usageError("cube", fmt.Sprintf("unknown command %q (commands: snapshot, rollback, restore, fork, snapshots, ps, kill, network, templates, help)", cmd))
 }
 
 // runner runs one cube command.
@@ -278,6 +288,10 @@ func (r *runner) help(args []string) int {
 		fmt.Fprint(r.env.Stdout, inspectHelp)
 	case "snapshots rm":
 		fmt.Fprint(r.env.Stdout, rmHelp)
+	case "ps":
+		fmt.Fprint(r.env.Stdout, psHelp)
+	case "kill":
+		fmt.Fprint(r.env.Stdout, killHelp)
 	case "network", "network policy":
 		fmt.Fprint(r.env.Stdout, policyHelp)
 	case "templates", "templates ls", "templates rm":

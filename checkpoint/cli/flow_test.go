@@ -56,6 +56,7 @@ type world struct {
 	env         Env
 	state, root string
 	vmm         *sandboxtest.VMM
+	agent       *sandboxtest.Agent
 	maker       *fakeMaker
 
 	mu   sync.Mutex
@@ -69,7 +70,7 @@ func newNetWorld(t *testing.T, network sandbox.Network) *world {
 	t.Helper()
 	w := &world{state: t.TempDir(), root: filepath.Join(t.TempDir(), "store")}
 	agent := sandboxtest.NewAgent()
-	w.vmm = sandboxtest.NewVMM(agent)
+	w.vmm, w.agent = sandboxtest.NewVMM(agent), agent
 	w.vmm.SnapshotFunc = w.write
 	sb, err := sandbox.New(sandbox.Options{ID: "c1", Dir: filepath.Join(t.TempDir(), "sb"), DiskSlots: 1,
 		VMM: w.vmm, Dial: sandboxtest.Dialer(agent), BootTimeout: time.Second, Network: network})

@@ -2,11 +2,11 @@ package checkpoint
 
 import (
 	"encoding/json"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cube-runtime/cube/checkpoint/cli"
 	"github.com/cube-runtime/cube/integration/cubetest"
 )
 
@@ -116,7 +116,7 @@ func (d *daemons) rollbackRounds(t *testing.T, id string, vmmPid int) []string {
 	}
 
 	// Round 2: the revived worker's exec was deleted by containerd (its ctr
-	// ended with 137): the guest's kill ends it.
+	// ended with 137): cube ps lists it, cube kill ends it.
 	b, atB := d.heldSnapshot(t, id, "round-b")
 	d.killWorker(t, id, nil, atB.PID)
 	if m := rolledBackMemory(d.rollbackTo(t, id, vmmPid, "round-b", atB)); m != "rewrite-dirty" {
@@ -148,22 +148,40 @@ func (d *daemons) heldSnapshot(t *testing.T, id, name string) (string, workerSta
 }
 
 // killWorker SIGKILLs the worker and waits until it no longer answers.
-// With wk (the ctr that started it) the kill goes through ctr and wk's exit
-// status must be 137; without, the worker is one a rollback revived after
-// containerd deleted its exec (rollback reports it "unknown": ctr cannot
-// reach it), and busybox kill in the guest ends it by pid.
+// With its exec's ctr (wk) it is `ctr task kill --exec-id worker`, and the exec
+// ends 137. Without (a worker a rollback revived after containerd deleted
+// its exec, so ctr cannot reach it): `cube ps` lists it as unknown to
+// containerd with the snapshot's pid, and `cube kill --exec worker` ends it.
 func (d *daemons) killWorker(t *testing.T, id string, wk *cubetest.BG, pid int) {
 	t.Helper()
-	args := []string{"task", "kill", "-s", "SIGKILL", "--exec-id", "worker", id}
-	if wk == nil {
-		args = []string{"task", "exec", "--exec-id", "kill-worker", id, "busybox", "kill", "-KILL", strconv.Itoa(pid)}
-	}
-	if out, rc, err := d.CtrQuiet(nil, args...); err != nil || rc != 0 {
-		t.Fatalf("kill the worker (ctr %s): rc %d %v\n%s", strings.Join(args, " "), rc, err, out)
-	}
 	if wk != nil {
+		args := []string{"task", "kill", "-s", "SIGKILL", "--exec-id", "worker", id}
+		if out, rc, err := d.CtrQuiet(nil, args...); err != nil || rc != 0 {
+			t.Fatalf("kill the worker (ctr %s): rc %d %v\n%s", strings.Join(args, " "), rc, err, out)
+		}
 		if rc, out := wk.Wait(t, time.Minute); rc != 137 {
 			t.Fatalf("the killed worker's exec: rc %d, want 137\n%s", rc, out)
+		}
+	} else {
+		out, _, rc := d.CubeRun(t, "ps", id, "--json")
+		var procs []cli.Process
+		if err := json.Unmarshal([]byte(out), &procs); rc != 0 || err != nil {
+			t.Fatalf("cube ps --json: rc %d %v\n%s", rc, err, out)
+		}
+		found := false
+		for _, p := range procs {
+			if p.Exec == "worker" {
+				found = true
+				if p.Known || p.Status != "running" || int(p.PID) != pid {
+					t.Errorf("cube ps: the revived worker is %+v, want running, pid %d, unknown to containerd", p, pid)
+				}
+			}
+		}
+		if !found {
+			t.Fatalf("cube ps does not list the revived worker:\n%s", out)
+		}
+		if out, rc := d.Cube(t, "kill", id, "--exec", "worker", "--signal", "KILL"); rc != 0 {
+			t.Fatalf("cube kill --exec worker: rc %d\n%s", rc, out)
 		}
 	}
 	deadline := time.Now().Add(30 * time.Second)
