@@ -238,7 +238,8 @@ bench-shim: deps
 	$(GO) test -count=1 -timeout 40m -run '^$$' -bench 'BenchmarkCtrDensity$$' -benchtime 1x ./integration/shim
 
 # In the test host, issue 14's side by side (one run, tables printed, about 10 minutes): `cube rollback` vs the
-# cube-vmm op alone; `ctr containers restore --live` vs a cold `ctr run -d`; `cube fork -n 1/4/8` vs as many
+# cube-vmm op alone; `ctr containers restore --live` vs a cold `ctr run -d` (templates off) vs `ctr run -d` from
+# the automatic template; `cube fork -n 1/4/8` vs as many
 # `cube restore`s, and the PSS per clone vs a cold-booted sandbox (a fork that does not fit says so).
 bench-cube: deps
 	$(GO) test -count=1 -timeout 40m -run '^$$' -bench '^BenchmarkCube$$' -benchtime 1x -v ./integration/checkpoint
