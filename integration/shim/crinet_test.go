@@ -144,3 +144,98 @@ func podNetworkLeftovers() []string {
 	}
 	return left
 }
+
+// checkPodToPod: a second pod on the same CNI network (its own VM, its own
+// pod IP) and the first reach each other by pod IP, through the bridge
+// (no NAT: each server sees the other pod's address): a container of the
+// second pod fetches from the server checkPodNetwork started in container
+// a of the first (port 8081), and container b of the first fetches from a
+// server in the second. The second pod is then removed; its veth and
+// namespace go (podNetworkLeftovers at the end of the test covers the rest).
+func checkPodToPod(t *testing.T, c *criEnv, pod, a, b string) {
+	t.Helper()
+	ip := podIP(t, c, pod)
+	podJSON := filepath.Join(c.dir, "pod2.json")
+	os.WriteFile(podJSON, fmt.Appendf(nil, strings.ReplaceAll(withPodNetwork(criPodConfig), "cube-pod", "cube-pod2"), filepath.Join(c.dir, "pod2logs")), 0o644)
+	out, err := c.crictl("runp", "--runtime", "cube", podJSON)
+	if err != nil {
+		t.Errorf("second pod: %v", err)
+		return
+	}
+	pod2 := strings.TrimSpace(out)
+	removed := false
+	remove := func() {
+		if !removed {
+			removed = true
+			c.crictl("stopp", pod2)
+			c.crictl("rmp", "-f", pod2)
+		}
+	}
+	defer remove()
+	cj := filepath.Join(c.dir, "p2.json")
+	os.WriteFile(cj, fmt.Appendf(nil, withPodNetwork(criContainerConfig), "p2", cubetest.ImageRef), 0o644)
+	out, err = c.crictl("create", pod2, cj, podJSON)
+	if err != nil {
+		t.Errorf("container in the second pod: %v", err)
+		return
+	}
+	p2 := strings.TrimSpace(out)
+	if _, err := c.crictl("start", p2); err != nil {
+		t.Errorf("start the second pod's container: %v", err)
+		return
+	}
+	ip2 := podIP(t, c, pod2)
+	if ip2 == ip {
+		t.Errorf("both pods have the address %s", ip)
+	}
+	// fetch has container id get url (retrying while the other side's server starts).
+	fetch := func(id, url, want string) (string, error) {
+		var got string
+		var err error
+		for range 10 {
+			if got, err = c.crictl("exec", "-s", id, "sh", "-c", "busybox timeout 10 busybox wget -q -O - "+url+" 2>&1"); err == nil && strings.Contains(got, want) {
+				return got, nil
+			}
+			time.Sleep(time.Second)
+		}
+		return got, err
+	}
+	// Second pod → first: container a's server (checkPodNetwork started it on 8081).
+	url := fmt.Sprintf("http://%s:8081/pod", ip)
+	if got, err := fetch(p2, url, "hello-over-the-pod-ip"); err != nil || !strings.Contains(got, "hello-over-the-pod-ip") {
+		t.Errorf("the second pod (%s) fetching %s from the first: %q %v", ip2, url, got, err)
+	} else {
+		t.Logf("pod to pod: the second pod (%s) reached the first's server at %s", ip2, url)
+	}
+	// First → second: a server in the second pod's container, answering with the client's address
+	// (busybox httpd's CGI gets REMOTE_ADDR): the first pod's own IP, not a NATed one.
+	if _, err := c.crictl("exec", "-s", p2, "sh", "-c",
+		`busybox mkdir -p /tmp/www/cgi-bin && busybox printf '#!/bin/sh\necho Content-Type: text/plain\necho\necho hello-from-pod2 to $REMOTE_ADDR\n' > /tmp/www/cgi-bin/who && busybox chmod +x /tmp/www/cgi-bin/who && busybox httpd -p 0.0.0.0:8082 -h /tmp/www`); err != nil {
+		t.Errorf("start a server in the second pod: %v", err)
+	} else {
+		url := fmt.Sprintf("http://%s:8082/cgi-bin/who", ip2)
+		want := "hello-from-pod2 to " + ip
+		if got, err := fetch(b, url, want); err != nil || !strings.Contains(got, want) {
+			t.Errorf("container b of the first pod fetching %s: %q %v, want %q", url, got, err, want)
+		} else {
+			t.Logf("pod to pod: the first pod reached the second's server at %s, which saw %s", url, ip)
+		}
+	}
+
+	ports := func() int { ents, _ := os.ReadDir("/sys/class/net/" + criCNIBridge + "/brif"); return len(ents) }
+	before := ports()
+	if _, err := c.crictl("stopp", pod2); err != nil {
+		t.Errorf("stopp the second pod: %v", err)
+	}
+	if _, err := c.crictl("rmp", pod2); err != nil {
+		t.Errorf("rmp the second pod: %v", err)
+	}
+	removed = true
+	n := ports()
+	for deadline := time.Now().Add(30 * time.Second); n != before-1 && time.Now().Before(deadline); n = ports() {
+		time.Sleep(time.Second)
+	}
+	if n != before-1 {
+		t.Errorf("bridge ports after the second pod was removed: %d, were %d (its veth must go, the first's stay)", n, before)
+	}
+}
