@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
+
 	"github.com/cube-runtime/cube/integration/cubetest"
 )
 
@@ -21,7 +23,10 @@ import (
 const (
 	criCNIBridge  = "cube-cni0"
 	criCNIGateway = "10.88.0.1"
-	criCNIConf    = `{"cniVersion": "1.0.0", "name": "cube-e2e", "plugins": [{
+	criCNIName    = "cube-e2e"
+	// criCNILeases is host-local's default dataDir for the network: a file named by each leased address.
+	criCNILeases = "/var/lib/cni/networks/" + criCNIName
+	criCNIConf   = `{"cniVersion": "1.0.0", "name": "` + criCNIName + `", "plugins": [{
   "type": "bridge", "bridge": "` + criCNIBridge + `", "isGateway": true, "ipMasq": false,
   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.88.0.0/16", "gateway": "` + criCNIGateway + `"}]],
            "routes": [{"dst": "0.0.0.0/0"}]}}]}`
@@ -77,6 +82,10 @@ func podIP(t *testing.T, c *criEnv, pod string) string {
 func checkPodNetwork(t *testing.T, c *criEnv, pod, a, b string) {
 	t.Helper()
 	ip := podIP(t, c, pod)
+	// host-local's lease of the pod IP (podNetworkLeftovers looks for leases there after the pod goes).
+	if _, err := os.Stat(filepath.Join(criCNILeases, ip)); err != nil {
+		t.Errorf("no address lease for the pod IP: %v", err)
+	}
 	got, err := c.crictl("exec", "-s", a, "sh", "-c", "busybox ip -4 -o addr show dev eth0; busybox ip route")
 	if err != nil || !strings.Contains(got, " "+ip+"/16") || !strings.Contains(got, "default via "+criCNIGateway) {
 		t.Errorf("guest eth0 in container a: %q %v, want %s/16 and a default route via %s", got, err, ip, criCNIGateway)
@@ -127,9 +136,28 @@ func checkPodNetwork(t *testing.T, c *criEnv, pod, a, b string) {
 }
 
 // podNetworkLeftovers lists what pod networking may leave in the test host after the pod is removed:
-// veths on the CNI bridge (CNI DEL removes the pod's), network namespaces CRI made.
+// veths on the CNI bridge (CNI DEL removes the pod's), network namespaces CRI made (the VM's tap lives in
+// the pod's), host-local's address leases, egress policy tables (nftables).
 func podNetworkLeftovers() []string {
 	var left []string
+	if ents, _ := os.ReadDir(criCNILeases); len(ents) > 0 {
+		for _, e := range ents {
+			if net.ParseIP(e.Name()) != nil {
+				left = append(left, "address lease "+e.Name())
+			}
+		}
+	}
+	if conn, err := nftables.New(); err != nil {
+		left = append(left, fmt.Sprintf("nftables: %v", err))
+	} else if tables, err := conn.ListTablesOfFamily(nftables.TableFamilyNetdev); err != nil {
+		left = append(left, fmt.Sprintf("nftables tables: %v", err))
+	} else {
+		for _, tb := range tables {
+			if strings.HasPrefix(tb.Name, "cube-egress-") {
+				left = append(left, "nftables table "+tb.Name)
+			}
+		}
+	}
 	if ents, _ := os.ReadDir("/sys/class/net/" + criCNIBridge + "/brif"); len(ents) > 0 {
 		for _, e := range ents {
 			left = append(left, "bridge port "+e.Name())
