@@ -1,6 +1,7 @@
 #!/bin/bash
 # Installs what the snapshotter's tests need (sourced by .ci/run as root on Debian 12):
-#   apt:  runc, busybox-static, xfsprogs, e2fsprogs, containernetworking-plugins (the CRI e2e pod's CNI),
+#   apt:  runc, busybox-static, xfsprogs, e2fsprogs, containernetworking-plugins (the CRI e2e pod's CNI; portmap and its
+#         dependency iptables give TestCtrHookNetwork its host port),
 #         criu (containerd's CRI CheckpointContainer requires a criu binary >= 3.16 even for Cube: the e2e test host gets it)
 #   Go:   containerd, ctr, containerd-shim-runc-v2 at CUBE_CONTAINERD_VERSION in /usr/local/bin
 #         crictl (cri-tools) at CUBE_CRICTL_VERSION in /usr/local/bin (the shim's CRI e2e test)

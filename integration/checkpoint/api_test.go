@@ -43,10 +43,12 @@ cni_bin_dirs = [%q]
 hook = %q
 `
 
-// The sandboxes' network in the test host: cube-api's default list needs
-// iptables (NAT, portmap), which the test host lacks (the root tier runs the
-// default list on the machine: checkpoint/sandboxnet TestDefaultNetworkRoot);
-// this one is the same bridge without them.
+// The sandboxes' network in the test host: cube-api's default list's bridge
+// without its NAT and portmap (the test host has no outside to NAT to, and
+// cube-api's sandboxes publish ports through its host-name proxy). The root
+// tier runs the default list as written on the machine
+// (checkpoint/sandboxnet TestDefaultNetworkRoot); portmap in the test host is
+// e2e through the ctr hook path (integration/shim TestCtrHookNetwork).
 const (
 	apiNetName    = "cube-e2e"
 	apiNetBridge  = "cubee2e0"

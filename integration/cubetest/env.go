@@ -61,10 +61,17 @@ const (
 )
 
 // The CRI pod's network: Debian's containernetworking-plugins (bridge +
-// host-local + loopback) copied into the test host when the machine has them.
+// host-local + loopback, and portmap for host ports) copied into the test
+// host when the machine has them.
 const CNIBinDir = "/cube/cni/bin"
 
-var CNIPlugins = []string{"bridge", "host-local", "loopback"}
+var CNIPlugins = []string{"bridge", "host-local", "loopback", "portmap"}
+
+// IptablesBin is iptables in the test host (the machine's, iptables-nft, with
+// its extensions): CNI's portmap plugin runs it to map host ports. It is
+// copied in when the machine has it (a dependency of Debian's
+// containernetworking-plugins).
+const IptablesBin = "/usr/sbin/iptables"
 
 func Median(ds []time.Duration) time.Duration {
 	if len(ds) == 0 {

@@ -60,8 +60,12 @@ func Main(m *testing.M, s Setup) {
 		// loop-mounts them to unpack layers. containerd's CRI CheckpointContainer refuses to run without a
 		// criu binary of a minimum version, even for a runtime that does not use it (TestCRICheckpointPodVM).
 		Tools: []string{"mkfs.ext4", "debugfs", "criu"},
-		// CRI pod networking: veth + bridge (CNI's bridge plugin), the VM's tap and the tc redirects; egress policies.
-		Modules:  []string{"loop", "overlay", "tun", "veth", "bridge", "sch_ingress", "cls_u32", "act_mirred", "nf_tables"},
+		// CRI pod networking: veth + bridge (CNI's bridge plugin), the VM's tap and the tc redirects; egress
+		// policies; host ports (CNI's portmap through iptables-nft: an ip nat table, `-m addrtype` as a fib
+		// expression, DNAT, masquerade; nft_compat and the xt modules for what iptables does not translate).
+		Modules: []string{"loop", "overlay", "tun", "veth", "bridge", "sch_ingress", "cls_u32", "act_mirred", "nf_tables",
+			"nft_chain_nat", "nft_nat", "nft_masq", "nft_fib_ipv4", "nft_compat", "xt_nat", "xt_MASQUERADE", "xt_addrtype",
+			"xt_comment", "xt_multiport", "xt_tcpudp", "xt_mark"},
 		Forwards: s.Forwards,
 	})
 	env.Close() // not deferred: os.Exit skips deferred calls
@@ -103,6 +107,19 @@ func prepare(s Setup) (*sandboxenv.Env, error) {
 	for _, name := range CNIPlugins {
 		if p := filepath.Join("/usr/lib/cni", name); FileExists(p) {
 			env.Files[filepath.Join(CNIBinDir, name)] = p
+		}
+	}
+	// iptables for the portmap plugin: the machine's program (a link to xtables-nft-multi, which picks its
+	// mode from its name: copied as IptablesBin it is iptables) and the extensions it loads at run time.
+	if p, err := exec.LookPath("iptables"); err == nil {
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			env.Files[IptablesBin] = real
+			exts, _ := filepath.Glob("/usr/lib/*/xtables")
+			for _, d := range append(exts, "/usr/lib/xtables") {
+				if st, err := os.Stat(d); err == nil && st.IsDir() {
+					env.Files[d] = d
+				}
+			}
 		}
 	}
 	return env, nil

@@ -250,8 +250,9 @@ func checkPodLoopback(t *testing.T, c *criEnv, a, b string) {
 // and started in the pod. All three (pause and two app containers) share
 // one VM; each app container's rootfs is a drive slot re-pointed at its
 // image (cube-vmm disk-set); `crictl exec` (streaming and sync) reaches each
-// container; c2 reaches a server in c1 on 127.0.0.1 (checkPodLoopback);
-// stopping and removing the pod leaves nothing behind.
+// container; c2 reaches a server in c1 on 127.0.0.1 (checkPodLoopback); a
+// second pod (its own VM) and this one reach each other by pod IP
+// (checkPodToPod); stopping and removing the pods leaves nothing behind.
 func TestCRIPodTwoContainersOneVM(t *testing.T) {
 	c := startCRI(t)
 	sockets := func() []string {
@@ -371,6 +372,7 @@ func TestCRIPodTwoContainersOneVM(t *testing.T) {
 	checkPodLoopback(t, c, ids["c1"], ids["c2"])
 	if c.podNet {
 		checkPodNetwork(t, c, pod, ids["c1"], ids["c2"])
+		checkPodToPod(t, c, pod, ids["c1"], ids["c2"])
 	}
 	// A removed container's slot goes back to its stub and is taken by the
 	// next one: same device, another image (a stale cached block of c1's
