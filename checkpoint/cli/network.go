@@ -133,35 +133,26 @@ func (r *runner) network(ctx context.Context, args []string) int {
 
 // networkPolicy finds id's shim through containerd and sets (set) or gets its sandbox's policy.
 func (r *runner) networkPolicy(ctx context.Context, id string, set bool, p *api.NetworkPolicy) (*api.NetworkPolicyResponse, error) {
-	cs, closer, err := r.env.Containers(ctx, r.g.address, r.g.namespace)
-	if err != nil {
-		return nil, err
-	}
-	defer closer.Close()
-	target, err := shimclient.Resolve(ctx, cs, r.locator(r.g.namespace), id)
-	if err != nil {
-		return nil, err
-	}
-	sh, err := r.env.Dial(ctx, target.Address)
-	if err != nil {
-		return nil, fmt.Errorf("%w (the shim of container %s is gone? `ctr -n %s task ls`)", err, id, r.g.namespace)
-	}
-	defer sh.Close()
-	if set {
-		resp, err := sh.SetNetworkPolicy(ctx, &api.SetNetworkPolicyRequest{ContainerId: id, Policy: p})
-		if err != nil {
-			return nil, err
+	var resp *api.NetworkPolicyResponse
+	err := r.withShim(ctx, id, func(cs shimclient.Containers, sh Shim) error {
+		var err error
+		if !set {
+			resp, err = sh.GetNetworkPolicy(ctx, &api.GetNetworkPolicyRequest{ContainerId: id})
+			return err
+		}
+		if resp, err = sh.SetNetworkPolicy(ctx, &api.SetNetworkPolicyRequest{ContainerId: id, Policy: p}); err != nil {
+			return err
 		}
 		// Ordering: recorded in the container's spec once in force, so a
 		// fork or restore of it starts with this policy.
 		if pr, ok := cs.(shimclient.PolicyRecorder); ok {
 			if err := pr.RecordPolicy(ctx, id, resp.GetPolicy()); err != nil {
-				return nil, fmt.Errorf("the new egress policy is in force, but: %w (set it again)", err)
+				return fmt.Errorf("the new egress policy is in force, but: %w (set it again)", err)
 			}
 		}
-		return resp, nil
-	}
-	return sh.GetNetworkPolicy(ctx, &api.GetNetworkPolicyRequest{ContainerId: id})
+		return nil
+	})
+	return resp, err
 }
 
 func networkPolicyOf(r *api.NetworkPolicyResponse) NetworkPolicy {

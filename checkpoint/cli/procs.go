@@ -76,7 +76,7 @@ func (r *runner) ps(ctx context.Context, args []string) int {
 		return r.usageError(cmd, fmt.Sprintf("want CONTAINER, got %d arguments", len(pos)))
 	}
 	var resp *api.ListProcessesResponse
-	err = r.withShim(ctx, pos[0], func(sh Shim) error {
+	err = r.withShim(ctx, pos[0], func(_ shimclient.Containers, sh Shim) error {
 		resp, err = sh.ListProcesses(ctx, &api.ListProcessesRequest{ContainerId: pos[0]})
 		return err
 	})
@@ -117,7 +117,7 @@ func (r *runner) kill(ctx context.Context, args []string) int {
 	if err != nil {
 		return r.usageError(cmd, err.Error())
 	}
-	err = r.withShim(ctx, pos[0], func(sh Shim) error {
+	err = r.withShim(ctx, pos[0], func(_ shimclient.Containers, sh Shim) error {
 		_, err := sh.Signal(ctx, &api.SignalRequest{ContainerId: pos[0], ExecId: *exec, Signal: sig, All: *all})
 		return err
 	})
@@ -127,8 +127,9 @@ func (r *runner) kill(ctx context.Context, args []string) int {
 	return ExitOK
 }
 
-// withShim finds the shim of container id through containerd and calls f with a connection to it.
-func (r *runner) withShim(ctx context.Context, id string, f func(Shim) error) error {
+// withShim finds the shim of container id through containerd and calls f with containerd's containers and a
+// connection to the shim.
+func (r *runner) withShim(ctx context.Context, id string, f func(shimclient.Containers, Shim) error) error {
 	cs, closer, err := r.env.Containers(ctx, r.g.address, r.g.namespace)
 	if err != nil {
 		return err
@@ -143,7 +144,7 @@ func (r *runner) withShim(ctx context.Context, id string, f func(Shim) error) er
 		return fmt.Errorf("%w (the shim of container %s is gone? `ctr -n %s task ls`)", err, id, r.g.namespace)
 	}
 	defer sh.Close()
-	return f(sh)
+	return f(cs, sh)
 }
 
 // parseSignal reads a signal as ctr does: a number, or a name with or without SIG.
