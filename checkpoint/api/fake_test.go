@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -309,7 +310,17 @@ func (f *fakeBackend) Exec(ctx context.Context, id string, es ExecSpec, eio Exec
 			}
 			f.mu.Unlock()
 		}()
+		// A command line (E2B's SDK: /bin/bash -l -c LINE): built-in programs
+		// separated by "; ", each to stderr with ">&2".
+		if (es.Cmd == "/bin/bash" || es.Cmd == "/bin/sh") && len(es.Args) >= 2 && es.Args[len(es.Args)-2] == "-c" {
+			p.code = f.fakeLine(id, es.Args[len(es.Args)-1], eio, p)
+			return
+		}
 		switch es.Cmd {
+		case "exit":
+			if len(es.Args) > 0 {
+				p.code, _ = strconv.Atoi(es.Args[0])
+			}
 		case "echo":
 			fmt.Fprintln(eio.Stdout, strings.Join(append(append([]string{}, es.Args...), es.Env...), " "))
 		case "fail":
@@ -330,6 +341,48 @@ func (f *fakeBackend) Exec(ctx context.Context, id string, es ExecSpec, eio Exec
 		}
 	}()
 	return p, nil
+}
+
+// fakeLine runs a command line of built-in programs (echo, exit N, cat
+// FILE, sleep), "; "-separated, each to stderr with ">&2"; its exit code.
+func (f *fakeBackend) fakeLine(id, line string, eio ExecIO, p *fakeProc) int {
+	for _, cmd := range strings.Split(line, "; ") {
+		out := eio.Stdout
+		if c, ok := strings.CutSuffix(cmd, " >&2"); ok {
+			cmd, out = c, eio.Stderr
+		}
+		w := strings.Fields(cmd)
+		if len(w) == 0 {
+			continue
+		}
+		switch w[0] {
+		case "echo":
+			fmt.Fprintln(out, strings.Join(w[1:], " "))
+		case "exit":
+			code := 0
+			if len(w) > 1 {
+				code, _ = strconv.Atoi(w[1])
+			}
+			return code
+		case "cat":
+			if len(w) > 1 {
+				if ch, err := f.ReadFile(context.Background(), id, w[1], 0, MaxFileChunk); err == nil {
+					_, _ = out.Write(ch.Data)
+				}
+			}
+		case "sleep":
+			select {
+			case sig := <-p.killC:
+				return 128 + int(sig)
+			case <-p.ended:
+				return 137
+			}
+		default:
+			fmt.Fprintf(eio.Stderr, "%s: not found\n", w[0])
+			return 127
+		}
+	}
+	return 0
 }
 
 // env is a server over a fake backend and a real store, served by httptest.

@@ -38,6 +38,13 @@ type Sandbox struct {
 	Timeout    int               `json:"timeout"`
 	AutoPause  bool              `json:"autoPause"`
 	Metadata   map[string]string `json:"metadata"`
+	// EnvdVersion is the version of E2B's in-sandbox daemon (envd) whose
+	// protocol cube-api serves for the sandbox (E2B's SDKs pick their calls by it).
+	EnvdVersion string `json:"envdVersion"`
+	// EnvdAccessToken is the sandbox's token for the envd routes (E2B's
+	// X-Access-Token), in the answers of create, connect, resume and fork;
+	// absent when cube-api has no API keys.
+	EnvdAccessToken string `json:"envdAccessToken,omitempty"`
 }
 
 // CreateSandboxRequest is POST /sandboxes's body.
@@ -80,7 +87,7 @@ func stateOf(status string) string {
 // sandboxOf reads a sandbox from its container's labels.
 func sandboxOf(c Container) Sandbox {
 	sb := Sandbox{SandboxID: c.ID, TemplateID: c.Labels[LabelTemplate], ClientID: "cube", State: stateOf(c.Status),
-		AutoPause: c.Labels[LabelAutoPause] == "true", Metadata: map[string]string{}}
+		AutoPause: c.Labels[LabelAutoPause] == "true", Metadata: map[string]string{}, EnvdVersion: EnvdVersion}
 	sb.StartedAt, _ = time.Parse(time.RFC3339Nano, c.Labels[LabelStarted])
 	if sb.StartedAt.IsZero() {
 		sb.StartedAt = c.Created
@@ -181,7 +188,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	logOf(r).WithField("sandbox", c.ID).Info("sandbox created")
-	writeJSON(w, http.StatusCreated, sandboxOf(c))
+	writeJSON(w, http.StatusCreated, s.withToken(sandboxOf(c)))
 	return nil
 }
 
@@ -233,7 +240,7 @@ func (s *Server) resume(r *http.Request, id string, timeout int) (Sandbox, error
 		return Sandbox{}, err
 	}
 	c, err := s.be.Get(r.Context(), id)
-	return sandboxOf(c), err
+	return s.withToken(sandboxOf(c)), err
 }
 
 // timeoutBody reads an optional {timeout} body; 0 keeps the sandbox's own.
@@ -298,7 +305,7 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) error {
 		if c, err = s.be.Get(r.Context(), id); err != nil {
 			return err
 		}
-		writeJSON(w, http.StatusOK, sandboxOf(c))
+		writeJSON(w, http.StatusOK, s.withToken(sandboxOf(c)))
 		return nil
 	}
 	return fmt.Errorf("sandbox %s is %s: it can be neither resumed nor connected to: %w", id, stateOf(c.Status), errdefs.ErrConflict)
