@@ -288,6 +288,10 @@ func readUpload(contentType, qpath string, body io.Reader, max int64) ([]upload,
 			break
 		}
 		if err != nil {
+			var mb *http.MaxBytesError
+			if errors.As(err, &mb) {
+				return nil, fileTooLarge{mb}
+			}
 			return nil, invalid("the multipart body: %v", err)
 		}
 		// Part.FileName keeps only the base name: the full path is in the header.
