@@ -61,6 +61,12 @@ proto-check:
 snapshot-proto:
 	PATH="$$PATH:$$($(GO) env GOPATH)/bin" $(GO) generate ./shim/snapshotapi
 
+# Regenerate checkpoint/api/envdpb/*/*.pb.go, E2B's envd messages cube-api serves (protoc-gen-go only; Debian's
+# libprotobuf-dev for google/protobuf/timestamp.proto).
+.PHONY: envd-proto
+envd-proto:
+	PATH="$$PATH:$$($(GO) env GOPATH)/bin" $(GO) generate ./checkpoint/api/envdpb
+
 # Regenerate shim/filesapi/*.pb.go, the shim's files service cube.files.v1 (same generators).
 .PHONY: files-proto
 files-proto:
