@@ -2,9 +2,12 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -53,4 +56,46 @@ func TestE2BSDKAgainstFake(t *testing.T) {
 	if left, _ := e.f.List(ctx); len(left) > 0 {
 		t.Errorf("%d sandboxes left", len(left))
 	}
+}
+
+// fakeLine runs a command line of built-in programs (echo, exit N, cat
+// FILE, sleep), "; "-separated, each to stderr with ">&2"; its exit code.
+func (f *fakeBackend) fakeLine(id, line string, eio ExecIO, p *fakeProc) int {
+	for _, cmd := range strings.Split(line, "; ") {
+		out := eio.Stdout
+		if c, ok := strings.CutSuffix(cmd, " >&2"); ok {
+			cmd, out = c, eio.Stderr
+		}
+		w := strings.Fields(cmd)
+		if len(w) == 0 {
+			continue
+		}
+		switch w[0] {
+		case "echo":
+			fmt.Fprintln(out, strings.Join(w[1:], " "))
+		case "exit":
+			code := 0
+			if len(w) > 1 {
+				code, _ = strconv.Atoi(w[1])
+			}
+			return code
+		case "cat":
+			if len(w) > 1 {
+				if ch, err := f.ReadFile(context.Background(), id, w[1], 0, MaxFileChunk); err == nil {
+					_, _ = out.Write(ch.Data)
+				}
+			}
+		case "sleep":
+			select {
+			case sig := <-p.killC:
+				return 128 + int(sig)
+			case <-p.ended:
+				return 137
+			}
+		default:
+			fmt.Fprintf(eio.Stderr, "%s: not found\n", w[0])
+			return 127
+		}
+	}
+	return 0
 }

@@ -90,6 +90,24 @@ func TestEnvdProcessStart(t *testing.T) {
 			t.Errorf("json=%v: pid %d out %q err %q end %v: %v", json, pid, out, errOut, end, err)
 		}
 	}
+	// Without /bin/bash in the sandbox, E2B's `/bin/bash -l -c LINE` runs with /bin/sh; with it, as asked.
+	for _, c := range []struct {
+		files []string
+		want  string
+	}{{nil, "/bin/bash"}, {[]string{"/bin/sh"}, "/bin/sh"}, {[]string{"/bin/sh", "/bin/bash"}, "/bin/bash"}} {
+		for _, f := range c.files {
+			e.f.WriteFile(context.Background(), id, f, []byte("#!"), 0o755, false)
+		}
+		if _, out, _, _, err := e.envdRun(id, true, &pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", "echo x"}}}); err != nil || out != "x\n" {
+			t.Errorf("%v: %q %v", c.files, out, err)
+		}
+		e.f.mu.Lock()
+		got := e.f.execs[len(e.f.execs)-1]
+		e.f.mu.Unlock()
+		if got != c.want {
+			t.Errorf("with %v: ran %s, want %s", c.files, got, c.want)
+		}
+	}
 	// envs and cwd reach the exec.
 	_, out, _, _, err := e.envdRun(id, true, &pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "echo", Args: []string{"a"}, Envs: map[string]string{"K": "v"}}})
 	if err != nil || out != "a K=v\n" {
@@ -295,12 +313,18 @@ func TestEnvdProcessControl(t *testing.T) {
 		t.Errorf("cat: %q %v %v", out, end, st.Err())
 	}
 	st.Close()
-	// Signal: a sleeping process, disconnected, reconnected by pid with Connect, killed with SIGTERM.
-	st, err = start.CallServerStream(context.Background(), withHeaders(&pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "sleep"}}, h))
+}
+
+// A sleeping process, disconnected, reconnected by pid with Connect, killed with SIGTERM.
+func TestEnvdProcessSignal(t *testing.T) {
+	e := newEnv(t, nil, envdKeyForTests)
+	h := e.envdHeaders(e.create(nil).SandboxID)
+	start := envdClient[pb.StartRequest, pb.StartResponse](e, "/process.Process/Start", true)
+	st, err := start.CallServerStream(context.Background(), withHeaders(&pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "sleep"}}, h))
 	if err != nil || !st.Receive() {
 		t.Fatalf("start sleep: %v", err)
 	}
-	pid = st.Msg().GetEvent().GetStart().GetPid()
+	pid := st.Msg().GetEvent().GetStart().GetPid()
 	st.Close()
 	bypid := &pb.ProcessSelector{Selector: &pb.ProcessSelector_Pid{Pid: pid}}
 	conn := envdClient[pb.ConnectRequest, pb.ConnectResponse](e, "/process.Process/Connect", true)
@@ -321,7 +345,7 @@ func TestEnvdProcessControl(t *testing.T) {
 	if _, err := sig.CallUnary(context.Background(), withHeaders(&pb.SendSignalRequest{Process: bypid, Signal: pb.Signal_SIGNAL_SIGTERM}, h)); err != nil {
 		t.Fatal(err)
 	}
-	end = nil
+	var end *pb.ProcessEvent_EndEvent
 	for cs.Receive() {
 		if e := cs.Msg().GetEvent().GetEnd(); e != nil {
 			end = e
@@ -339,7 +363,7 @@ func TestEnvdProcessControl(t *testing.T) {
 	}
 }
 
-func TestEnvdFiles(t *testing.T) {
+func TestEnvdFileRoutes(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.MaxFileBytes = 1024 }, envdKeyForTests)
 	id := e.create(nil).SandboxID
 	h := e.envdHeaders(id)
@@ -413,7 +437,16 @@ func TestEnvdFiles(t *testing.T) {
 			t.Errorf("%s %s: %d %s, want %d naming %s", c.method, c.path, resp.StatusCode, b, c.code, c.want)
 		}
 	}
-	// filesystem.Filesystem: list (depth), stat, remove; the unserved ones say unimplemented.
+}
+
+// filesystem.Filesystem: list (depth), stat, remove; the unserved ones say unimplemented.
+func TestEnvdFilesystem(t *testing.T) {
+	e := newEnv(t, nil, envdKeyForTests)
+	id := e.create(nil).SandboxID
+	h := e.envdHeaders(id)
+	for _, p := range []string{"/home/user/a b.txt", "/home/user/sub/two.txt", "/z.txt"} {
+		e.f.WriteFile(context.Background(), id, p, []byte("x"), 0, false)
+	}
 	ls := envdClient[fspb.ListDirRequest, fspb.ListDirResponse](e, "/filesystem.Filesystem/ListDir", true)
 	res, err := ls.CallUnary(context.Background(), withHeaders(&fspb.ListDirRequest{Path: "/home/user", Depth: 2}, h))
 	var names []string

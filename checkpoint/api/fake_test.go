@@ -38,6 +38,8 @@ type fakeBackend struct {
 	ns      string
 	pid     uint32
 	failErr error // returned by every call when set
+	// execs are the programs of the processes started, in order.
+	execs []string
 	// snapBlock, when set, is waited on inside Snapshot (to test "busy").
 	snapBlock chan struct{}
 	snapping  map[string]bool
@@ -286,6 +288,7 @@ func (f *fakeBackend) Exec(ctx context.Context, id string, es ExecSpec, eio Exec
 		err = fmt.Errorf("sandbox %s is %s: %w", id, c.Status, errdefs.ErrFailedPrecondition)
 	}
 	f.pid++
+	f.execs = append(f.execs, es.Cmd)
 	p := &fakeProc{pid: f.pid, execID: fmt.Sprintf("%s%d", ExecIDPrefix, f.pid), done: make(chan struct{}),
 		killC: make(chan syscall.Signal), ended: make(chan struct{}), f: f, sandbox: id}
 	if err == nil && es.Cmd != "nonexistent" {
@@ -341,48 +344,6 @@ func (f *fakeBackend) Exec(ctx context.Context, id string, es ExecSpec, eio Exec
 		}
 	}()
 	return p, nil
-}
-
-// fakeLine runs a command line of built-in programs (echo, exit N, cat
-// FILE, sleep), "; "-separated, each to stderr with ">&2"; its exit code.
-func (f *fakeBackend) fakeLine(id, line string, eio ExecIO, p *fakeProc) int {
-	for _, cmd := range strings.Split(line, "; ") {
-		out := eio.Stdout
-		if c, ok := strings.CutSuffix(cmd, " >&2"); ok {
-			cmd, out = c, eio.Stderr
-		}
-		w := strings.Fields(cmd)
-		if len(w) == 0 {
-			continue
-		}
-		switch w[0] {
-		case "echo":
-			fmt.Fprintln(out, strings.Join(w[1:], " "))
-		case "exit":
-			code := 0
-			if len(w) > 1 {
-				code, _ = strconv.Atoi(w[1])
-			}
-			return code
-		case "cat":
-			if len(w) > 1 {
-				if ch, err := f.ReadFile(context.Background(), id, w[1], 0, MaxFileChunk); err == nil {
-					_, _ = out.Write(ch.Data)
-				}
-			}
-		case "sleep":
-			select {
-			case sig := <-p.killC:
-				return 128 + int(sig)
-			case <-p.ended:
-				return 137
-			}
-		default:
-			fmt.Fprintf(eio.Stderr, "%s: not found\n", w[0])
-			return 127
-		}
-	}
-	return 0
 }
 
 // env is a server over a fake backend and a real store, served by httptest.
