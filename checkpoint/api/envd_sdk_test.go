@@ -19,14 +19,21 @@ const envE2BSDK = "CUBE_E2B_SDK_DIR"
 // TestE2BSDKAgainstFake runs contrib/sdk/e2b-compat/e2e.mjs, E2B's own
 // JavaScript SDK unmodified, against the handlers over the fake backend:
 // its REST calls, its Connect RPCs (JSON, server streaming) and its HTTP
-// file routes. It needs node and the package (CUBE_E2B_SDK_DIR); without
-// them it skips. The fake's restored sandboxes do not carry files (they do
+// file routes. It needs node and the package (CUBE_E2B_SDK_DIR, else
+// ~/.cache/cube/e2b-npm when make e2e-e2b installed it there); without them
+// it skips. The fake's restored sandboxes do not carry files (they do
 // end to end: make e2e-e2b).
 func TestE2BSDKAgainstFake(t *testing.T) {
 	dir := os.Getenv(envE2BSDK)
+	if home, err := os.UserHomeDir(); dir == "" && err == nil {
+		// Where make e2e-e2b installs it.
+		if _, err := os.Stat(filepath.Join(home, ".cache/cube/e2b-npm/node_modules/e2b/package.json")); err == nil {
+			dir = filepath.Join(home, ".cache/cube/e2b-npm")
+		}
+	}
 	node, err := exec.LookPath("node")
 	if dir == "" || err != nil {
-		t.Skipf("needs node and %s (a directory with node_modules/e2b: npm install e2b there)", envE2BSDK)
+		t.Skipf("needs node and %s (a directory with node_modules/e2b: npm install e2b there; make e2e-e2b installs it in ~/.cache/cube/e2b-npm)", envE2BSDK)
 	}
 	e := newEnv(t, func(c *Config) { c.MaxBodyBytes = 1 << 20 }, "e2b-fake-key-0123456789")
 	e.f.images["docker.io/cube/e2e:latest"] = true
