@@ -13,8 +13,10 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 . contrib/scripts/testhost-api.sh
 
-command -v node >/dev/null || api_die e2e-e2b "node not found (apt-get install nodejs npm)"
-command -v npm >/dev/null || api_die e2e-e2b "npm not found (apt-get install npm)"
+command -v node >/dev/null || api_die e2e-e2b "node not found: the e2b package needs Node.js 20.18.1 or later (22+)"
+command -v npm >/dev/null || api_die e2e-e2b "npm not found (it comes with Node.js)"
+node -e 'const [a, b] = process.versions.node.split(".").map(Number); process.exit(a >= 22 || (a === 20 && b >= 18) ? 0 : 1)' ||
+	api_die e2e-e2b "node $(node --version) is too old: the e2b package needs Node.js 20.18.1 or later (22+)"
 version=${CUBE_E2B_SDK_VERSION:-2.51.0}
 sdk=${CUBE_E2B_SDK_DIR:-$HOME/.cache/cube/e2b-npm}
 mkdir -p "$sdk"
