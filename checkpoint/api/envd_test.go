@@ -480,3 +480,20 @@ func TestEnvdFilesystem(t *testing.T) {
 		t.Errorf("envd health: %v %v", resp, err)
 	}
 }
+
+// E2B's SDK's REST bodies: /v2 paths, pause and connect with "memory".
+func TestE2BRestCompat(t *testing.T) {
+	e := newEnv(t, nil, envdKeyForTests)
+	var sb Sandbox
+	e.want("POST", "/v2/sandboxes", map[string]any{"templateID": "docker.io/library/busybox:latest", "timeout": 60}, 201, &sb)
+	if sb.EnvdVersion != EnvdVersion || sb.EnvdAccessToken != e.s.envdToken(sb.SandboxID) {
+		t.Errorf("create: %+v", sb)
+	}
+	e.wantError("POST", "/sandboxes/"+sb.SandboxID+"/pause", map[string]any{"memory": false}, 501, `"memory"`)
+	e.want("POST", "/sandboxes/"+sb.SandboxID+"/pause", map[string]any{"memory": true}, 204, nil)
+	e.wantError("POST", "/v2/sandboxes/"+sb.SandboxID+"/connect", map[string]any{"memory": false}, 501, `"memory"`)
+	e.want("POST", "/v2/sandboxes/"+sb.SandboxID+"/connect", map[string]any{"timeout": 30}, 201, &sb)
+	if sb.State != "running" || sb.EnvdAccessToken == "" {
+		t.Errorf("connect: %+v", sb)
+	}
+}

@@ -64,6 +64,24 @@ type CreateSandboxRequest struct {
 // TimeoutRequest is the body of …/timeout, …/connect and …/resume.
 type TimeoutRequest struct {
 	Timeout int `json:"timeout"`
+	// Memory false (E2B's connect with onResume "reboot") is not
+	// implemented: a sandbox keeps its memory.
+	Memory *bool `json:"memory,omitempty"`
+}
+
+// PauseRequest is …/pause's optional body.
+type PauseRequest struct {
+	// Memory false (E2B's pause({keepMemory: false}): a filesystem-only
+	// pause) is not implemented: the whole VM is paused.
+	Memory *bool `json:"memory,omitempty"`
+}
+
+// memoryKept refuses memory false (501), naming the field.
+func memoryKept(m *bool) error {
+	if m != nil && !*m {
+		return fmt.Errorf("field \"memory\": false (drop the memory, keep the files) is not implemented: a sandbox's whole VM is paused and resumed: %w", errdefs.ErrNotImplemented)
+	}
+	return nil
 }
 
 // RefreshRequest is the body of …/refreshes.
@@ -212,8 +230,11 @@ func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) error {
-	var req struct{}
+	var req PauseRequest
 	if err := decode(r, &req, true); err != nil {
+		return err
+	}
+	if err := memoryKept(req.Memory); err != nil {
 		return err
 	}
 	id := r.PathValue("sandboxID")
@@ -247,6 +268,9 @@ func (s *Server) resume(r *http.Request, id string, timeout int) (Sandbox, error
 func (s *Server) timeoutBody(r *http.Request, c Container) (int, error) {
 	var req TimeoutRequest
 	if err := decode(r, &req, true); err != nil {
+		return 0, err
+	}
+	if err := memoryKept(req.Memory); err != nil {
 		return 0, err
 	}
 	if req.Timeout == 0 {
