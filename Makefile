@@ -11,10 +11,11 @@ BENCH     ?= .
 FUZZTIME  ?= 30s
 export GOFLAGS ?= -buildvcs=false
 
-.PHONY: help deps build guest test test-unit test-full e2e bench demo fuzz vet proto-check clean stress
+.PHONY: help deps build guest test test-unit test-full e2e bench demo e2e-e2b fuzz vet proto-check clean stress
 
 help:
 	@echo "make demo       the SDK story from this shell: Python SDK → cube-api in the test host → containerd → microVMs (snapshot, rollback, fork)"
+	@echo "make e2e-e2b    E2B's own JS SDK (npm e2b, unmodified) → cube-api in the test host: sandboxes, commands, files, snapshots, fork"
 	@echo "make test       all tiers: unit, host /dev/kvm, and end-to-end in the test host"
 	@echo "make test-unit  unit and host-KVM tiers only (go test -short)"
 	@echo "make test-full  all non-e2e tests, incl. root ones (snapshotter suites, containerd daemon)"
@@ -59,6 +60,12 @@ proto-check:
 .PHONY: snapshot-proto
 snapshot-proto:
 	PATH="$$PATH:$$($(GO) env GOPATH)/bin" $(GO) generate ./shim/snapshotapi
+
+# Regenerate checkpoint/api/envdpb/*/*.pb.go, E2B's envd messages cube-api serves (protoc-gen-go only; Debian's
+# libprotobuf-dev for google/protobuf/timestamp.proto).
+.PHONY: envd-proto
+envd-proto:
+	PATH="$$PATH:$$($(GO) env GOPATH)/bin" $(GO) generate ./checkpoint/api/envdpb
 
 # Regenerate shim/filesapi/*.pb.go, the shim's files service cube.files.v1 (same generators).
 .PHONY: files-proto
@@ -108,6 +115,12 @@ bench: deps
 # (`make test` runs the same story inside the test host with the Go SDK: TestDemo.)
 demo: deps build
 	bash contrib/scripts/demo.sh
+
+# E2B's own JavaScript SDK (npm package `e2b`, installed at test time, unmodified) against cube-api in the test
+# host, from this machine's shell, configured only by E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY
+# (contrib/sdk/e2b-compat/e2e.mjs: create, commands, files, snapshot, create from it, pause/connect, fork, kill).
+e2e-e2b: deps build
+	bash contrib/scripts/e2e-e2b.sh
 
 # Every fuzz target, one after another (each part's FUZZTIME / DEVICE_FUZZTIME per target).
 fuzz: fuzz-hypervisor fuzz-devices agent-fuzz snapshotter-fuzz fuzz-shim fuzz-snapshot fuzz-store fuzz-cli fuzz-api
@@ -297,9 +310,11 @@ fuzz-cli:
 
 # >>> cube-api (issue 15)
 .PHONY: fuzz-api
-# cube-api's parsers of untrusted HTTP bodies and query strings (rollback, fork, snapshots, commands, files).
+# cube-api's parsers of untrusted HTTP bodies and query strings (rollback, fork, snapshots, commands, files), and
+# of E2B's envd requests (sandbox host/header, Basic user, upload bodies).
 fuzz-api:
 	$(GO) test -run '^$$' -fuzz '^FuzzRequests$$' -fuzztime $(FUZZTIME) ./checkpoint/api
+	$(GO) test -run '^$$' -fuzz '^FuzzEnvdParsers$$' -fuzztime $(FUZZTIME) ./checkpoint/api
 # <<< cube-api
 
 # >>> cube-api and SDKs (issue 15) — the HTTP facade, checkpoint/api; SDKs in contrib/sdk/.

@@ -3,6 +3,7 @@ module github.com/cube-runtime/cube
 go 1.26.6
 
 require (
+	connectrpc.com/connect v1.21.1
 	github.com/cavaliergopher/cpio v1.0.1
 	github.com/containerd/cgroups/v3 v3.1.3
 	github.com/containerd/console v1.0.5

@@ -72,6 +72,9 @@ type command struct {
 	// it (a rollback brought it back): it is signalled through the shim and
 	// dropped once the guest says it stopped (no output, no exit code).
 	adopted bool
+	// tag and envs: E2B's process tag and the envs it was started with (envd's List).
+	tag  string
+	envs map[string]string
 
 	mu      sync.Mutex
 	sub     chan Event    // nil once nobody listens
@@ -272,6 +275,11 @@ func (cs *commands) get(sandbox, pid string) (*command, error) {
 func (cs *commands) list(sandbox string) []CommandInfo {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
+	return cs.listLocked(sandbox)
+}
+
+// listLocked is list with cs.mu held.
+func (cs *commands) listLocked(sandbox string) []CommandInfo {
 	out := []CommandInfo{}
 	for _, c := range cs.m[sandbox] {
 		out = append(out, c.info)
@@ -280,9 +288,9 @@ func (cs *commands) list(sandbox string) []CommandInfo {
 	return out
 }
 
-// runningSandbox returns sandbox id, refusing one that is not running.
-func (s *Server) runningSandbox(r *http.Request, id string) error {
-	c, err := s.be.Get(r.Context(), id)
+// runningSandbox checks sandbox id, refusing one that is not running.
+func (s *Server) runningSandbox(ctx context.Context, id string) error {
+	c, err := s.be.Get(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -301,30 +309,40 @@ func (s *Server) runCommand(w http.ResponseWriter, r *http.Request) error {
 	}
 	// The stream may last: no read deadline (the client's leaving is seen by the server's background read).
 	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
+	c, err := s.startCommand(r.Context(), r.PathValue("sandboxID"), req, "")
+	if err != nil {
+		return err
+	}
+	return s.stream(w, r, c)
+}
+
+// startCommand checks req and starts it in running sandbox id, its events
+// going to c.sub until the listener detaches (the process outlives ctx).
+// tag is E2B's process tag ("" for none).
+func (s *Server) startCommand(ctx context.Context, id string, req CommandRequest, tag string) (*command, error) {
 	if req.Cmd == "" {
-		return invalid("field \"cmd\" is required")
+		return nil, invalid("field \"cmd\" is required")
 	}
 	var env []string
 	for k, v := range req.Envs {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
-			return invalid("field \"envs\": name %q is empty or holds '=' or NUL", k)
+			return nil, invalid("field \"envs\": name %q is empty or holds '=' or NUL", k)
 		}
 		env = append(env, k+"="+v)
 	}
-	id := r.PathValue("sandboxID")
-	if err := s.runningSandbox(r, id); err != nil {
-		return err
+	if err := s.runningSandbox(ctx, id); err != nil {
+		return nil, err
 	}
-	c := &command{sub: make(chan Event), subGone: make(chan struct{})}
+	c := &command{sub: make(chan Event), subGone: make(chan struct{}), tag: tag, envs: req.Envs}
 	eio := ExecIO{Stdout: streamWriter{c, "stdout"}, Stderr: streamWriter{c, "stderr"}}
 	if req.Stdin {
 		pr, pw := io.Pipe()
 		eio.Stdin, c.stdin = pr, pw
 	}
 	// The process outlives the request: its context is not the request's.
-	p, err := s.be.Exec(context.WithoutCancel(r.Context()), id, ExecSpec{Cmd: req.Cmd, Args: req.Args, Env: env, Cwd: req.Cwd, User: req.User}, eio)
+	p, err := s.be.Exec(context.WithoutCancel(ctx), id, ExecSpec{Cmd: req.Cmd, Args: req.Args, Env: env, Cwd: req.Cwd, User: req.User}, eio)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	c.proc, c.execID = p, p.ExecID()
 	c.info = CommandInfo{Pid: p.Pid(), Cmd: req.Cmd, Args: req.Args, Cwd: req.Cwd, User: req.User, StartedAt: s.now().UTC()}
@@ -332,7 +350,7 @@ func (s *Server) runCommand(w http.ResponseWriter, r *http.Request) error {
 		c.info.Args = []string{}
 	}
 	s.cmds.add(id, c)
-	log := logOf(r).WithFields(map[string]any{"sandbox": id, "pid": c.info.Pid})
+	log := logOfCtx(ctx).WithFields(map[string]any{"sandbox": id, "pid": c.info.Pid})
 	go func() {
 		code, err := p.Wait(context.Background())
 		s.cmds.remove(id, c)
@@ -347,7 +365,7 @@ func (s *Server) runCommand(w http.ResponseWriter, r *http.Request) error {
 		log.WithField("exit_code", code).Info("command exited")
 		c.emit(Event{Type: "exit", ExitCode: &code})
 	}()
-	return s.stream(w, r, c)
+	return c, nil
 }
 
 // stream writes c's events until its end, the client leaving or shutdown.

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -37,6 +38,8 @@ type fakeBackend struct {
 	ns      string
 	pid     uint32
 	failErr error // returned by every call when set
+	// execs are the programs of the processes started, in order.
+	execs []string
 	// snapBlock, when set, is waited on inside Snapshot (to test "busy").
 	snapBlock chan struct{}
 	snapping  map[string]bool
@@ -285,6 +288,7 @@ func (f *fakeBackend) Exec(ctx context.Context, id string, es ExecSpec, eio Exec
 		err = fmt.Errorf("sandbox %s is %s: %w", id, c.Status, errdefs.ErrFailedPrecondition)
 	}
 	f.pid++
+	f.execs = append(f.execs, es.Cmd)
 	p := &fakeProc{pid: f.pid, execID: fmt.Sprintf("%s%d", ExecIDPrefix, f.pid), done: make(chan struct{}),
 		killC: make(chan syscall.Signal), ended: make(chan struct{}), f: f, sandbox: id}
 	if err == nil && es.Cmd != "nonexistent" {
@@ -309,7 +313,17 @@ func (f *fakeBackend) Exec(ctx context.Context, id string, es ExecSpec, eio Exec
 			}
 			f.mu.Unlock()
 		}()
+		// A command line (E2B's SDK: /bin/bash -l -c LINE): built-in programs
+		// separated by "; ", each to stderr with ">&2".
+		if (es.Cmd == "/bin/bash" || es.Cmd == "/bin/sh") && len(es.Args) >= 2 && es.Args[len(es.Args)-2] == "-c" {
+			p.code = f.fakeLine(id, es.Args[len(es.Args)-1], eio, p)
+			return
+		}
 		switch es.Cmd {
+		case "exit":
+			if len(es.Args) > 0 {
+				p.code, _ = strconv.Atoi(es.Args[0])
+			}
 		case "echo":
 			fmt.Fprintln(eio.Stdout, strings.Join(append(append([]string{}, es.Args...), es.Env...), " "))
 		case "fail":

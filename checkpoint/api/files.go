@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -78,17 +79,28 @@ func joinPath(dir, name string) string {
 // filePath reads and checks the query parameter "path".
 func filePath(q url.Values) (string, error) {
 	p := q.Get("path")
-	switch {
-	case p == "":
-		return "", invalid("query parameter \"path\" is required")
-	case p[0] != '/':
-		return "", invalid("query parameter \"path\": %.64q is not absolute (paths are in the sandbox's root: /home/user/f)", p)
-	case len(p) > maxFilePath:
-		return "", invalid("query parameter \"path\": %d bytes, at most %d", len(p), maxFilePath)
-	case strings.ContainsRune(p, 0) || !utf8.ValidString(p):
-		return "", invalid("query parameter \"path\": %.64q holds NUL or is not UTF-8", p)
+	if err := checkFilePath("query parameter \"path\"", p); err != nil {
+		return "", err
 	}
 	return p, nil
+}
+
+// checkFilePath checks a file path given in what (a field, a parameter).
+func checkFilePath(what, p string) error {
+	if !strings.Contains(what, " ") {
+		what = fmt.Sprintf("field %q", what)
+	}
+	switch {
+	case p == "":
+		return invalid("%s is required", what)
+	case p[0] != '/':
+		return invalid("%s: %.64q is not absolute (paths are in the sandbox's root: /home/user/f)", what, p)
+	case len(p) > maxFilePath:
+		return invalid("%s: %d bytes, at most %d", what, len(p), maxFilePath)
+	case strings.ContainsRune(p, 0) || !utf8.ValidString(p):
+		return invalid("%s: %.64q holds NUL or is not UTF-8", what, p)
+	}
+	return nil
 }
 
 // intParam reads an optional non-negative integer query parameter.
@@ -133,14 +145,19 @@ func modeParam(q url.Values) (fs.FileMode, error) {
 // fileSandbox checks that sandbox id exists and runs (its guest answers).
 func (s *Server) fileSandbox(r *http.Request) (string, error) {
 	id := r.PathValue("sandboxID")
-	c, err := s.be.Get(r.Context(), id)
+	return id, s.filesReady(r.Context(), id)
+}
+
+// filesReady checks that sandbox id exists and runs.
+func (s *Server) filesReady(ctx context.Context, id string) error {
+	c, err := s.be.Get(ctx, id)
 	if err != nil {
-		return "", err
+		return err
 	}
 	if st := stateOf(c.Status); st != "running" {
-		return "", fmt.Errorf("sandbox %s is %s: its files are reached while it runs (POST /sandboxes/%s/connect resumes it): %w", id, st, id, errdefs.ErrConflict)
+		return fmt.Errorf("sandbox %s is %s: its files are reached while it runs (POST /sandboxes/%s/connect resumes it): %w", id, st, id, errdefs.ErrConflict)
 	}
-	return id, nil
+	return nil
 }
 
 // readFile is GET /sandboxes/{id}/files?path=[&offset=&length=]: the file's
@@ -226,19 +243,26 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) error {
 		}
 		return invalid("read the request body: %v", err)
 	}
-	data := buf.Bytes()
-	for first := true; first || len(data) > 0; first = false {
-		n := min(len(data), MaxFileChunk)
-		if _, err := s.be.WriteFile(r.Context(), id, path, data[:n], mode, appending || !first); err != nil {
-			return err
-		}
-		data = data[n:]
+	if err := s.putFile(r.Context(), id, path, buf.Bytes(), mode, appending); err != nil {
+		return err
 	}
 	fi, err := s.be.Stat(r.Context(), id, path)
 	if err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, entryOf(fi))
+	return nil
+}
+
+// putFile writes data to path in chunks (the file replaced, or appended to).
+func (s *Server) putFile(ctx context.Context, id, path string, data []byte, mode fs.FileMode, appending bool) error {
+	for first := true; first || len(data) > 0; first = false {
+		n := min(len(data), MaxFileChunk)
+		if _, err := s.be.WriteFile(ctx, id, path, data[:n], mode, appending || !first); err != nil {
+			return err
+		}
+		data = data[n:]
+	}
 	return nil
 }
 

@@ -297,6 +297,10 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, id string, port i
 // sandbox's port host name proxied to the sandbox.
 func (s *Server) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, port, ok := proxyTarget(r.Host); (ok && port == EnvdPort) || (!ok && isEnvdPath(r.URL.Path)) {
+			s.envd.ServeHTTP(w, r) // E2B's envd: cube-api serves it itself
+			return
+		}
 		if id, port, ok := proxyTarget(r.Host); ok {
 			s.wrap(route{Method: "*", Path: "{port}-{sandboxID}.{domain}", Public: true, Stream: true, FileBody: true,
 				h: func(w http.ResponseWriter, r *http.Request) error { return s.proxy(w, r, id, port) }}).ServeHTTP(w, r)

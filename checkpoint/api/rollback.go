@@ -195,7 +195,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 			out = append(out, ForkItem{Error: &Error{Code: statusOf(it.Err), Message: it.Err.Error()}})
 			continue
 		}
-		sb := sandboxOf(it.Container)
+		sb := s.withToken(sandboxOf(it.Container))
 		out = append(out, ForkItem{Sandbox: &sb})
 	}
 	writeJSON(w, http.StatusOK, out)

@@ -38,6 +38,13 @@ type Sandbox struct {
 	Timeout    int               `json:"timeout"`
 	AutoPause  bool              `json:"autoPause"`
 	Metadata   map[string]string `json:"metadata"`
+	// EnvdVersion is the version of E2B's in-sandbox daemon (envd) whose
+	// protocol cube-api serves for the sandbox (E2B's SDKs pick their calls by it).
+	EnvdVersion string `json:"envdVersion"`
+	// EnvdAccessToken is the sandbox's token for the envd routes (E2B's
+	// X-Access-Token), in the answers of create, connect, resume and fork;
+	// absent when cube-api has no API keys.
+	EnvdAccessToken string `json:"envdAccessToken,omitempty"`
 }
 
 // CreateSandboxRequest is POST /sandboxes's body.
@@ -57,6 +64,24 @@ type CreateSandboxRequest struct {
 // TimeoutRequest is the body of …/timeout, …/connect and …/resume.
 type TimeoutRequest struct {
 	Timeout int `json:"timeout"`
+	// Memory false (E2B's connect with onResume "reboot") is not
+	// implemented: a sandbox keeps its memory.
+	Memory *bool `json:"memory,omitempty"`
+}
+
+// PauseRequest is …/pause's optional body.
+type PauseRequest struct {
+	// Memory false (E2B's pause({keepMemory: false}): a filesystem-only
+	// pause) is not implemented: the whole VM is paused.
+	Memory *bool `json:"memory,omitempty"`
+}
+
+// memoryKept refuses memory false (501), naming the field.
+func memoryKept(m *bool) error {
+	if m != nil && !*m {
+		return fmt.Errorf("field \"memory\": false (drop the memory, keep the files) is not implemented: a sandbox's whole VM is paused and resumed: %w", errdefs.ErrNotImplemented)
+	}
+	return nil
 }
 
 // RefreshRequest is the body of …/refreshes.
@@ -80,7 +105,7 @@ func stateOf(status string) string {
 // sandboxOf reads a sandbox from its container's labels.
 func sandboxOf(c Container) Sandbox {
 	sb := Sandbox{SandboxID: c.ID, TemplateID: c.Labels[LabelTemplate], ClientID: "cube", State: stateOf(c.Status),
-		AutoPause: c.Labels[LabelAutoPause] == "true", Metadata: map[string]string{}}
+		AutoPause: c.Labels[LabelAutoPause] == "true", Metadata: map[string]string{}, EnvdVersion: EnvdVersion}
 	sb.StartedAt, _ = time.Parse(time.RFC3339Nano, c.Labels[LabelStarted])
 	if sb.StartedAt.IsZero() {
 		sb.StartedAt = c.Created
@@ -181,7 +206,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	logOf(r).WithField("sandbox", c.ID).Info("sandbox created")
-	writeJSON(w, http.StatusCreated, sandboxOf(c))
+	writeJSON(w, http.StatusCreated, s.withToken(sandboxOf(c)))
 	return nil
 }
 
@@ -205,8 +230,11 @@ func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) error {
-	var req struct{}
+	var req PauseRequest
 	if err := decode(r, &req, true); err != nil {
+		return err
+	}
+	if err := memoryKept(req.Memory); err != nil {
 		return err
 	}
 	id := r.PathValue("sandboxID")
@@ -233,13 +261,16 @@ func (s *Server) resume(r *http.Request, id string, timeout int) (Sandbox, error
 		return Sandbox{}, err
 	}
 	c, err := s.be.Get(r.Context(), id)
-	return sandboxOf(c), err
+	return s.withToken(sandboxOf(c)), err
 }
 
 // timeoutBody reads an optional {timeout} body; 0 keeps the sandbox's own.
 func (s *Server) timeoutBody(r *http.Request, c Container) (int, error) {
 	var req TimeoutRequest
 	if err := decode(r, &req, true); err != nil {
+		return 0, err
+	}
+	if err := memoryKept(req.Memory); err != nil {
 		return 0, err
 	}
 	if req.Timeout == 0 {
@@ -298,7 +329,7 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) error {
 		if c, err = s.be.Get(r.Context(), id); err != nil {
 			return err
 		}
-		writeJSON(w, http.StatusOK, sandboxOf(c))
+		writeJSON(w, http.StatusOK, s.withToken(sandboxOf(c)))
 		return nil
 	}
 	return fmt.Errorf("sandbox %s is %s: it can be neither resumed nor connected to: %w", id, stateOf(c.Status), errdefs.ErrConflict)

@@ -27,6 +27,7 @@ type Server struct {
 	cmds    *commands
 	busy    *busySandboxes
 	mux     *http.ServeMux
+	envd    http.Handler // E2B's envd protocol (envd.go)
 	routes  []route
 	now     func() time.Time
 	// stop ends every command output stream (graceful shutdown).
@@ -75,6 +76,7 @@ func New(cfg Config, keys []string, be Backend, st Snapshots, o Options) (*Serve
 		s.keys = append(s.keys, []byte(k))
 	}
 	s.metrics = newMetrics(s)
+	s.envd = s.envdHandler()
 	s.routes = s.routeTable()
 	for _, rt := range s.routes {
 		s.mux.Handle(rt.Method+" "+rt.Path, s.wrap(rt))
@@ -93,6 +95,7 @@ func (s *Server) routeTable() []route {
 		{Method: "GET", Path: "/metrics", h: s.serveMetrics},
 		{Method: "GET", Path: "/openapi.json", h: serveOpenAPI, Public: true},
 		{Method: "POST", Path: "/sandboxes", h: s.createSandbox},
+		{Method: "POST", Path: "/v2/sandboxes", h: s.createSandbox},
 		{Method: "GET", Path: "/sandboxes", h: s.listSandboxes},
 		{Method: "GET", Path: "/v2/sandboxes", h: s.listSandboxes},
 		{Method: "GET", Path: "/sandboxes/{sandboxID}", h: s.getSandbox},
@@ -100,6 +103,7 @@ func (s *Server) routeTable() []route {
 		{Method: "POST", Path: "/sandboxes/{sandboxID}/pause", h: s.pauseSandbox},
 		{Method: "POST", Path: "/sandboxes/{sandboxID}/resume", h: s.resumeSandbox},
 		{Method: "POST", Path: "/sandboxes/{sandboxID}/connect", h: s.connectSandbox},
+		{Method: "POST", Path: "/v2/sandboxes/{sandboxID}/connect", h: s.connectSandbox},
 		{Method: "POST", Path: "/sandboxes/{sandboxID}/timeout", h: s.setTimeout},
 		{Method: "POST", Path: "/sandboxes/{sandboxID}/refreshes", h: s.refresh},
 		{Method: "POST", Path: "/sandboxes/{sandboxID}/rollback", h: s.rollback},
@@ -139,8 +143,11 @@ type ctxKey int
 const logKey ctxKey = 0
 
 // logOf is the request's logger (with its request id).
-func logOf(r *http.Request) *logrus.Entry {
-	if e, ok := r.Context().Value(logKey).(*logrus.Entry); ok {
+func logOf(r *http.Request) *logrus.Entry { return logOfCtx(r.Context()) }
+
+// logOfCtx is the logger of the request whose context ctx is.
+func logOfCtx(ctx context.Context) *logrus.Entry {
+	if e, ok := ctx.Value(logKey).(*logrus.Entry); ok {
 		return e
 	}
 	return logrus.NewEntry(logrus.StandardLogger())

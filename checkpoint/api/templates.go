@@ -232,9 +232,16 @@ func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// deleteTemplate → 204; 409 while a sandbox made from it runs (it maps the snapshot).
+// deleteTemplate → 204; 409 while a sandbox made from it runs (it maps the
+// snapshot). A snapshot's id or name is taken too: E2B's SDKs delete a
+// snapshot with DELETE /templates/{id} (its snapshots are templates).
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) error {
 	sn, err := s.template(r.Context(), r.PathValue("templateID"))
+	if errdefs.IsNotFound(err) {
+		if plain, perr := s.st.Get(r.Context(), r.PathValue("templateID")); perr == nil {
+			sn, err = plain, nil
+		}
+	}
 	if err != nil {
 		return err
 	}

@@ -35,7 +35,10 @@ func TestTemplates(t *testing.T) {
 		t.Errorf("list: %+v", l)
 	}
 	e.wantError("GET", "/templates/plain", nil, 404, `no template "plain"`)
-	e.wantError("DELETE", "/templates/plain", nil, 404)
+	// E2B's SDK deletes a snapshot with DELETE /templates/{id}: a plain snapshot goes too.
+	e.want("DELETE", "/templates/plain", nil, 204, nil)
+	e.wantError("GET", "/snapshots/plain", nil, 404)
+	e.wantError("DELETE", "/templates/plain", nil, 404, `no template "plain"`)
 
 	// Sandbox.create(template=ID) restores it.
 	sb := e.create(map[string]any{"templateID": "py"})

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	cube "github.com/cube-runtime/cube/contrib/sdk/go"
 	"github.com/cube-runtime/cube/integration/cubetest"
 	"github.com/cube-runtime/cube/integration/testhost"
 )
@@ -135,5 +136,10 @@ func (d *daemons) serveDemo(t *testing.T, ctx context.Context) {
 		t.Log("demo: the client is done")
 	case <-ctx.Done():
 		t.Fatalf("demo: no POST /done before the deadline: %v", ctx.Err())
+	}
+	// The client deletes the snapshots it takes (the containers are checked by the caller).
+	c := &cube.Client{URL: fmt.Sprintf("http://127.0.0.1:%d", demoAPIPort), APIKey: apiKey}
+	if l, _, err := c.ListSnapshots(ctx, cube.ListSnapshotsOptions{}); err != nil || len(l) != 0 {
+		t.Errorf("snapshots left after the client: %+v %v", l, err)
 	}
 }

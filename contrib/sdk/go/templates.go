@@ -68,7 +68,8 @@ func (c *Client) GetTemplate(ctx context.Context, id string) (*Template, error) 
 	return &out, nil
 }
 
-// DeleteTemplate deletes template id (IsConflict while a sandbox made from it runs).
+// DeleteTemplate deletes template id (IsConflict while a sandbox made from it
+// runs). As in E2B's SDKs, a snapshot's id or name is taken too.
 func (c *Client) DeleteTemplate(ctx context.Context, id string) error {
 	_, err := c.call(ctx, "DELETE", "/templates/"+url.PathEscape(id), nil, nil, nil)
 	return err

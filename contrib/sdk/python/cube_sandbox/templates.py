@@ -64,6 +64,7 @@ class Template:
 
     @staticmethod
     def delete(template_id, api_url=None, api_key=None):
-        """Deletes a template (ConflictException while a sandbox made from it runs)."""
+        """Deletes a template (ConflictException while a sandbox made from it runs); as in E2B's SDKs, a
+        snapshot's id or name is taken too."""
         ConnectionConfig(api_url, api_key).call("DELETE", "/templates/%s" % _q(template_id))
         return True
