@@ -27,6 +27,7 @@ type Spec struct {
 	Name    string
 	Status  Status
 	Message string
+	Seconds float64 // how long it ran (informational)
 }
 
 // Run is a critest run's specs by name, and the suite-level failures (BeforeSuite, AfterSuite…).
@@ -38,8 +39,9 @@ type Run struct {
 type junit struct {
 	Suites []struct {
 		Cases []struct {
-			Name    string `xml:"name,attr"`
-			Status  string `xml:"status,attr"`
+			Name    string  `xml:"name,attr"`
+			Status  string  `xml:"status,attr"`
+			Time    float64 `xml:"time,attr"`
 			Failure *struct {
 				Message string `xml:"message,attr"`
 				Text    string `xml:",chardata"`
@@ -91,7 +93,7 @@ func ParseJUnit(r io.Reader) (*Run, error) {
 				}
 				continue
 			}
-			run.Specs[name] = Spec{Name: name, Status: st, Message: msg}
+			run.Specs[name] = Spec{Name: name, Status: st, Message: msg, Seconds: c.Time}
 		}
 	}
 	return run, nil
@@ -285,4 +287,20 @@ func (c Comparison) Table() string {
 func firstLine(s string) string {
 	l, _, _ := strings.Cut(s, "\n")
 	return l
+}
+
+// Durations lists r's specs that ran with their seconds, longest first (informational: where the time went).
+func (r *Run) Durations() string {
+	var specs []Spec
+	for _, s := range r.Specs {
+		if s.Status != Skipped {
+			specs = append(specs, s)
+		}
+	}
+	sort.Slice(specs, func(i, j int) bool { return specs[i].Seconds > specs[j].Seconds })
+	var b strings.Builder
+	for _, s := range specs {
+		fmt.Fprintf(&b, "%7.1fs %-7s %s\n", s.Seconds, s.Status, s.Name)
+	}
+	return b.String()
 }
