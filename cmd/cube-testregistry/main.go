@@ -1,7 +1,8 @@
 // Command cube-testregistry is a test-host tool: it builds the container images critest pulls from a static
 // busybox, serves them from an in-memory registry on 127.0.0.1 and writes containerd's hosts.toml files that
 // map critest's registry names to it (integration/critest/testimages). It prints "ready <addr>" once every
-// image is pushed and serves until SIGTERM.
+// image is pushed and serves until SIGTERM. Started as nginx or httpd-foreground (in the web server images it
+// makes), it is their web server instead (testimages.WebServer).
 package main
 
 import (
@@ -15,13 +16,25 @@ import (
 )
 
 func main() {
+	if testimages.IsWebServer(os.Args[0]) {
+		if err := testimages.WebServer(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	}
 	addr := flag.String("addr", "127.0.0.1:0", "listen address")
 	busybox := flag.String("busybox", "/bin/busybox", "static busybox the images are made of")
 	hostsDir := flag.String("hosts-dir", "", "write <dir>/<registry>/hosts.toml for containerd's config_path")
 	verbose := flag.Bool("v", false, "log every request")
 	flag.Parse()
 
-	imgs, err := testimages.Build(*busybox)
+	self, err := os.Executable()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "cube-testregistry: %v\n", err)
+		os.Exit(1)
+	}
+	imgs, err := testimages.Build(*busybox, self)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "cube-testregistry: build images: %v\n", err)
 		os.Exit(1)

@@ -66,19 +66,26 @@ nogroup:x:65534:
 `
 )
 
-// webServer stands in for nginx and httpd: busybox httpd serving an index page on $WEB_PORT (80). The
-// script stays the parent (its name is the process name pidof looks for; its pid is in /var/run/nginx.pid,
-// as nginx's) and passes SIGTERM on.
-const webServer = `#!/bin/sh
-mkdir -p /var/run /var/www
-echo "<html><body><h1>Welcome to $WEB_NAME!</h1></body></html>" > /var/www/index.html
-echo $$ > /var/run/nginx.pid
-echo "$WEB_NAME: serving on port ${WEB_PORT:-80}"
-httpd -f -p "${WEB_PORT:-80}" -h /var/www &
-child=$!
-trap 'kill $child; exit 0' TERM INT
-wait $child
+// Applets critest runs that Debian's busybox-static lacks, as scripts over what it has.
+const (
+	// pgrep PATTERN: the pids of processes whose name matches.
+	pgrep = `#!/bin/sh
+found=1
+for d in /proc/[0-9]*; do
+	read -r n < "$d/comm" 2>/dev/null || continue
+	if echo "$n" | grep -q -- "$1"; then echo "${d#/proc/}"; found=0; fi
+done
+exit $found
 `
+	// ipcs -m: the System V shared memory segments, in ipcs' columns.
+	ipcs = `#!/bin/sh
+echo "------ Shared Memory Segments --------"
+echo "key        shmid      owner      perms      bytes      nattch     status"
+tail -n +2 /proc/sysvipc/shm 2>/dev/null | while read -r key shmid perms size cpid lpid nattch uid rest; do
+	printf '0x%08x %-10s %-10s %-10s %-10s %-10s\n' "$key" "$shmid" "$uid" "$perms" "$size" "$nattch"
+done
+`
+)
 
 // Image is one image under each of its references (same digest for all).
 type Image struct {
@@ -159,24 +166,37 @@ func busyboxLayer(busybox string) (v1.Layer, error) {
 		return nil, fmt.Errorf("busybox --list: %w", err)
 	}
 	files := []file{{name: "bin/busybox", mode: 0o755, body: bb},
-		{name: "etc/passwd", mode: 0o644, body: []byte(passwd)}, {name: "etc/group", mode: 0o644, body: []byte(group)}}
+		{name: "etc/passwd", mode: 0o644, body: []byte(passwd)}, {name: "etc/group", mode: 0o644, body: []byte(group)},
+		{name: "bin/pgrep", mode: 0o755, body: []byte(pgrep)}, {name: "bin/ipcs", mode: 0o755, body: []byte(ipcs)}}
 	for _, a := range strings.Fields(string(out)) {
-		if a != "busybox" {
+		if a != "busybox" && a != "pgrep" && a != "ipcs" {
 			files = append(files, file{name: "bin/" + a, link: "busybox"})
 		}
 	}
 	return layer([]string{"bin", "dev", "etc", "home", "proc", "root", "sys", "tmp", "usr", "usr/sbin", "var", "var/run", "var/www"}, files)
 }
 
-// Build makes every image critest pulls (but NotBuilt) from the static busybox binary at busybox.
-func Build(busybox string) ([]Image, error) {
+// Build makes every image critest pulls (but NotBuilt) from the static busybox binary at busybox; the web
+// server images run the static program at webServer (cube-testregistry itself: WebServer).
+func Build(busybox, webServer string) ([]Image, error) {
 	base, err := busyboxLayer(busybox)
+	if err != nil {
+		return nil, err
+	}
+	ws, err := os.ReadFile(webServer)
+	if err != nil {
+		return nil, fmt.Errorf("read the web server: %w", err)
+	}
+	webLayer, err := layer(nil, []file{{name: nginxBin, mode: 0o755, body: ws}, {name: httpdBin, link: "nginx"}})
 	if err != nil {
 		return nil, err
 	}
 	var imgs []Image
 	add := func(cfg v1.Config, extra []file, refs ...string) error {
 		layers := []v1.Layer{base}
+		if cfg.Env != nil { // the web servers
+			layers = append(layers, webLayer)
+		}
 		if len(extra) > 0 {
 			l, err := layer(nil, extra)
 			if err != nil {
@@ -199,13 +219,10 @@ func Build(busybox string) ([]Image, error) {
 	marker := func(n string) []file { return []file{{name: n, mode: 0o644}} }
 	steps := []error{
 		add(sh, nil, e2e+"busybox:1.29-2"),
-		add(v1.Config{Cmd: []string{"nginx", "-g", "daemon off;"}, Env: web("nginx", "80")},
-			[]file{{name: "usr/sbin/nginx", mode: 0o755, body: []byte(webServer)}}, e2e+"nginx:1.14-2"),
-		add(v1.Config{Cmd: []string{"httpd-foreground"}, Env: web("httpd", "80")},
-			[]file{{name: "usr/sbin/httpd-foreground", mode: 0o755, body: []byte(webServer)}}, e2e+"httpd:2.4.39-4"),
+		add(v1.Config{Cmd: []string{"nginx", "-g", "daemon off;"}, Env: web("nginx", "80")}, nil, e2e+"nginx:1.14-2"),
+		add(v1.Config{Cmd: []string{"httpd-foreground"}, Env: web("httpd", "80")}, nil, e2e+"httpd:2.4.39-4"),
 		// images/hostnet-nginx: nginx on port 12003 (webServerHostNetContainerPort).
-		add(v1.Config{Cmd: []string{"nginx", "-g", "daemon off;"}, Env: web("nginx", "12003")},
-			[]file{{name: "usr/sbin/nginx", mode: 0o755, body: []byte(webServer)}}, staging+"hostnet-nginx-amd64:latest"),
+		add(v1.Config{Cmd: []string{"nginx", "-g", "daemon off;"}, Env: web("nginx", "12003")}, nil, staging+"hostnet-nginx-amd64:latest"),
 		add(v1.Config{Entrypoint: []string{"/bin/sleep", "2147483647"}}, nil, "registry.k8s.io/pause:3.9", "k8s.gcr.io/pause:3.9"),
 		add(sh, marker("test-image-latest"), staging+"test-image-latest:latest"),
 		add(sh, marker("test-image-tag"), staging+"test-image-tag:test", staging+"test-image-tag:all"),

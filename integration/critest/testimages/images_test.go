@@ -18,7 +18,7 @@ func TestServe(t *testing.T) {
 	if _, err := os.Stat(busybox); err != nil {
 		t.Skipf("no %s on this machine (Debian's busybox-static; .ci/install.d/containerd.sh installs it): %v", busybox, err)
 	}
-	imgs, err := Build(busybox)
+	imgs, err := Build(busybox, busybox) // any file stands for the web server here
 	if err != nil {
 		t.Fatal(err)
 	}
