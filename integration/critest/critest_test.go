@@ -49,8 +49,11 @@ func TestCritest(t *testing.T) {
 	}
 	hostsDir := startRegistry(t)
 	focus := defaultFocus
+	// Bounds of one critest run: the subset takes about 1 (runc) and 5 (cube) minutes in the test host, the
+	// whole suite about N (runc) and M (cube).
+	limit := 25 * time.Minute
 	if full() {
-		focus = ""
+		focus, limit = "", 80*time.Minute
 	}
 	t.Logf("critest focus %q (CUBE_CRITEST_FULL=1 runs the whole suite)", focus)
 
@@ -59,7 +62,7 @@ func TestCritest(t *testing.T) {
 	for _, h := range []handler{{"runc", ""}, {"cube", "cube"}} {
 		t.Run(h.name, func(t *testing.T) {
 			began := time.Now()
-			runs[h.name] = runCritest(t, h, hostsDir, focus, skips.Regexp(h.name == "cube"))
+			runs[h.name] = runCritest(t, h, hostsDir, focus, skips.Regexp(h.name == "cube"), limit)
 			t.Logf("critest with %s took %v (informational)", h.name, time.Since(began).Round(time.Second))
 		})
 	}
@@ -140,12 +143,12 @@ func criConfig(h handler, hostsDir string) string {
 
 // runCritest starts containerd for h and runs critest against it; it returns the parsed JUnit report. The
 // subtest fails only when critest gave no usable report: failed specs are the comparison's business.
-func runCritest(t *testing.T, h handler, hostsDir, focus, skip string) *report.Run {
+func runCritest(t *testing.T, h handler, hostsDir, focus, skip string, limit time.Duration) *report.Run {
 	c := cubetest.StartCRI(t, cubetest.CRIOptions{Config: criConfig(h, hostsDir)})
 	junit := filepath.Join(c.Dir, "junit.xml")
 	args := []string{"--runtime-endpoint", c.Endpoint(), "--image-endpoint", c.Endpoint(),
 		"--config", filepath.Join(c.Dir, "no-crictl.yaml"),
-		"--ginkgo.junit-report", junit, "--ginkgo.no-color", "--ginkgo.timeout", "160m"}
+		"--ginkgo.junit-report", junit, "--ginkgo.no-color", "--ginkgo.timeout", limit.String()}
 	if h.flag != "" {
 		args = append(args, "--runtime-handler", h.flag)
 	}
@@ -156,7 +159,8 @@ func runCritest(t *testing.T, h handler, hostsDir, focus, skip string) *report.R
 		args = append(args, "--ginkgo.skip", skip)
 	}
 	logPath := filepath.Join(c.Dir, "critest.log")
-	rc, err := runLogged(t, h.name, cubetest.CritestBin, args, c.Env, logPath)
+	// ginkgo's own timeout ends the suite with a report; the process deadline is the backstop.
+	rc, err := runLogged(t, h.name, cubetest.CritestBin, args, c.Env, logPath, limit+5*time.Minute)
 	if err != nil {
 		t.Fatalf("critest with %s: %v", h.name, err)
 	}
@@ -184,13 +188,13 @@ func runCritest(t *testing.T, h handler, hostsDir, focus, skip string) *report.R
 
 // runLogged runs critest with its whole output in logPath and its progress (each spec's outcome line and
 // the one naming the spec) on stdout; a non-zero exit (failed specs) is rc, not an error.
-func runLogged(t *testing.T, name, bin string, args, env []string, logPath string) (int, error) {
+func runLogged(t *testing.T, name, bin string, args, env []string, logPath string, limit time.Duration) (int, error) {
 	logf, err := os.Create(logPath)
 	if err != nil {
 		return 0, err
 	}
 	defer logf.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 165*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = env

@@ -27,7 +27,7 @@ func TestMain(m *testing.M) {
 	}
 	if full() {
 		s.Env = append(s.Env, "CUBE_CRITEST_FULL=1")
-		s.Timeout = 170 * time.Minute
+		s.Timeout = 175 * time.Minute // two runs of at most 85 minutes (TestCritest)
 	}
 	cubetest.Main(m, s)
 }
