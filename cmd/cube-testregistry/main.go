@@ -1,8 +1,8 @@
 // Command cube-testregistry is a test-host tool: it builds the container images critest pulls from a static
 // busybox, serves them from an in-memory registry on 127.0.0.1 and writes containerd's hosts.toml files that
 // map critest's registry names to it (integration/critest/testimages). It prints "ready <addr>" once every
-// image is pushed and serves until SIGTERM. Started as nginx or httpd-foreground (in the web server images it
-// makes), it is their web server instead (testimages.WebServer).
+// image is pushed and serves until SIGTERM. Started as nginx, httpd-foreground or pause (in the images it
+// makes), it is their stand-in instead (testimages.StandIn).
 package main
 
 import (
@@ -16,8 +16,8 @@ import (
 )
 
 func main() {
-	if testimages.IsWebServer(os.Args[0]) {
-		if err := testimages.WebServer(); err != nil {
+	if testimages.IsStandIn(os.Args[0]) {
+		if err := testimages.StandIn(); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cube-runtime/cube/integration/critest/report"
+	"github.com/cube-runtime/cube/integration/critest/testimages"
 	"github.com/cube-runtime/cube/integration/cubetest"
 )
 
@@ -144,7 +145,9 @@ func criConfig(h handler, hostsDir string) string {
 // runCritest starts containerd for h and runs critest against it; it returns the parsed JUnit report. The
 // subtest fails only when critest gave no usable report: failed specs are the comparison's business.
 func runCritest(t *testing.T, h handler, hostsDir, focus, skip string, limit time.Duration) *report.Run {
-	c := cubetest.StartCRI(t, cubetest.CRIOptions{Config: criConfig(h, hostsDir)})
+	// The sandbox image is the registry's pause (testimages.PauseImage), pulled at the first pod: its process
+	// is named pause, which critest expects of pid 1 in a pod's shared pid namespace.
+	c := cubetest.StartCRI(t, cubetest.CRIOptions{Config: criConfig(h, hostsDir), SandboxImage: testimages.PauseImage})
 	junit := filepath.Join(c.Dir, "junit.xml")
 	args := []string{"--runtime-endpoint", c.Endpoint(), "--image-endpoint", c.Endpoint(),
 		"--config", filepath.Join(c.Dir, "no-crictl.yaml"),

@@ -23,7 +23,8 @@ func TestMain(m *testing.M) {
 	s := cubetest.Setup{
 		Name:     "critest",
 		Bins:     map[string]string{RegistryBin: "github.com/cube-runtime/cube/cmd/cube-testregistry"},
-		Programs: map[string]string{cubetest.CritestBin: "critest"},
+		// ipcmk: critest's HostIpc specs make a shared memory segment on the node with it (util-linux).
+		Programs: map[string]string{cubetest.CritestBin: "critest", "/cube/bin/ipcmk": "ipcmk"},
 	}
 	if full() {
 		s.Env = append(s.Env, "CUBE_CRITEST_FULL=1")

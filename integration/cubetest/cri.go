@@ -14,7 +14,7 @@ import (
 )
 
 // criContainerdConfig is containerd with the CRI plugin on and the contrib
-// snippet imported; the pinned sandbox image is a local one (no registry).
+// snippet imported; the pinned sandbox image is a local one (no registry) unless CRIOptions says otherwise.
 // runc (CRI's default handler, the reference beside cube) does not pivot_root: the test host's / is its
 // initramfs. %[3]s is CRIOptions.Config.
 const criContainerdConfig = `version = 3
@@ -38,7 +38,7 @@ disabled_plugins = [
   socket_dir = "%[1]s/s"
 
 [plugins."io.containerd.cri.v1.images".pinned_images]
-  sandbox = "` + PauseImageRef + `"
+  sandbox = "%[4]s"
 
 [plugins."io.containerd.cri.v1.runtime".cni]
   bin_dirs = ["` + CNIBinDir + `"]
@@ -54,6 +54,8 @@ disabled_plugins = [
 type CRIOptions struct {
 	// Config is appended to containerd's config (TOML tables the base config does not define).
 	Config string
+	// SandboxImage is the pods' pause image (default PauseImageRef, imported by StartCRI).
+	SandboxImage string
 }
 
 // CRI is containerd 2.4.2 with its CRI plugin in the test host (StartCRI), driven through crictl and ctr.
@@ -141,7 +143,11 @@ func StartCRI(t *testing.T, o CRIOptions) *CRI {
 	StartSnapshotter(t, dir, c.Env, CRISnapshotterSock)
 
 	conf := filepath.Join(dir, "config.toml")
-	os.WriteFile(conf, fmt.Appendf(nil, criContainerdConfig, dir, CRIContribConfig, o.Config), 0o600)
+	sandbox := o.SandboxImage
+	if sandbox == "" {
+		sandbox = PauseImageRef
+	}
+	os.WriteFile(conf, fmt.Appendf(nil, criContainerdConfig, dir, CRIContribConfig, o.Config, sandbox), 0o600)
 	cdLog, _ := os.Create(filepath.Join(dir, "containerd.log"))
 	cd := exec.Command(ContainerdBin, "--config", conf, "--log-level", "debug")
 	cd.Env, cd.Stdout, cd.Stderr = c.Env, cdLog, cdLog

@@ -23,6 +23,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
+// PauseImage is the pause image critest pulls; TestCritest's containerd uses it as the sandbox image.
+const PauseImage = "registry.k8s.io/pause:3.9"
+
 // Registries are the registry names critest's images live under; each gets a hosts.toml.
 var Registries = []string{"registry.k8s.io", "gcr.io", "k8s.gcr.io"}
 
@@ -93,11 +96,11 @@ type Image struct {
 	Img  v1.Image
 }
 
-// file is one regular file or symlink of a layer.
+// file is one regular file, symlink (link) or hard link (hard) of a layer.
 type file struct {
-	name, link string
-	mode       int64
-	body       []byte
+	name, link, hard string
+	mode             int64
+	body             []byte
 }
 
 var epoch = time.Unix(0, 0)
@@ -117,8 +120,11 @@ func layer(dirs []string, files []file) (v1.Layer, error) {
 	}
 	for _, f := range files {
 		h := &tar.Header{Name: f.name, Typeflag: tar.TypeReg, Mode: f.mode, Size: int64(len(f.body)), ModTime: epoch}
-		if f.link != "" {
+		switch {
+		case f.link != "":
 			h = &tar.Header{Name: f.name, Typeflag: tar.TypeSymlink, Linkname: f.link, Mode: 0o777, ModTime: epoch}
+		case f.hard != "":
+			h = &tar.Header{Name: f.name, Typeflag: tar.TypeLink, Linkname: f.hard, Mode: 0o755, ModTime: epoch}
 		}
 		if err := w.WriteHeader(h); err != nil {
 			return nil, err
@@ -154,8 +160,9 @@ func image(cfg v1.Config, layers ...v1.Layer) (v1.Image, error) {
 	return mutate.ConfigFile(img, cf)
 }
 
-// busyboxLayer is the busybox image's root: the binary, a link per applet (from `busybox --list`), the
-// password and group files.
+// busyboxLayer is the busybox image's root: the binary, a hard link per applet (from `busybox --list`; hard,
+// as in the busybox image: critest's MaskedPaths masks /bin/ls, and a bind mount over a symlink would mask
+// busybox itself), the password and group files.
 func busyboxLayer(busybox string) (v1.Layer, error) {
 	bb, err := os.ReadFile(busybox)
 	if err != nil {
@@ -170,7 +177,7 @@ func busyboxLayer(busybox string) (v1.Layer, error) {
 		{name: "bin/pgrep", mode: 0o755, body: []byte(pgrep)}, {name: "bin/ipcs", mode: 0o755, body: []byte(ipcs)}}
 	for _, a := range strings.Fields(string(out)) {
 		if a != "busybox" && a != "pgrep" && a != "ipcs" {
-			files = append(files, file{name: "bin/" + a, link: "busybox"})
+			files = append(files, file{name: "bin/" + a, hard: "bin/busybox"})
 		}
 	}
 	return layer([]string{"bin", "dev", "etc", "home", "proc", "root", "sys", "tmp", "usr", "usr/sbin", "var", "var/run", "var/www"}, files)
@@ -187,14 +194,16 @@ func Build(busybox, webServer string) ([]Image, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read the web server: %w", err)
 	}
-	webLayer, err := layer(nil, []file{{name: nginxBin, mode: 0o755, body: ws}, {name: httpdBin, link: "nginx"}})
+	webLayer, err := layer(nil, []file{{name: nginxBin, mode: 0o755, body: ws}, {name: httpdBin, link: "nginx"},
+		{name: pauseBin, link: nginxBin}})
 	if err != nil {
 		return nil, err
 	}
 	var imgs []Image
+	// The images running cube-testregistry's stand-ins (web servers, pause) have its layer.
 	add := func(cfg v1.Config, extra []file, refs ...string) error {
 		layers := []v1.Layer{base}
-		if cfg.Env != nil { // the web servers
+		if len(cfg.Cmd)+len(cfg.Entrypoint) > 0 && IsStandIn(append(cfg.Entrypoint, cfg.Cmd...)[0]) {
 			layers = append(layers, webLayer)
 		}
 		if len(extra) > 0 {
@@ -223,7 +232,9 @@ func Build(busybox, webServer string) ([]Image, error) {
 		add(v1.Config{Cmd: []string{"httpd-foreground"}, Env: web("httpd", "80")}, nil, e2e+"httpd:2.4.39-4"),
 		// images/hostnet-nginx: nginx on port 12003 (webServerHostNetContainerPort).
 		add(v1.Config{Cmd: []string{"nginx", "-g", "daemon off;"}, Env: web("nginx", "12003")}, nil, staging+"hostnet-nginx-amd64:latest"),
-		add(v1.Config{Entrypoint: []string{"/bin/sleep", "2147483647"}}, nil, "registry.k8s.io/pause:3.9", "k8s.gcr.io/pause:3.9"),
+		// The pods' sandbox image too (TestCritest pins it): its process is named pause, as critest expects of
+		// pid 1 in a pod's shared pid namespace.
+		add(v1.Config{Entrypoint: []string{"/pause"}}, nil, PauseImage, "k8s.gcr.io/pause:3.9"),
 		add(sh, marker("test-image-latest"), staging+"test-image-latest:latest"),
 		add(sh, marker("test-image-tag"), staging+"test-image-tag:test", staging+"test-image-tag:all"),
 		add(sh, marker("same-image"), staging+"test-image-tags:1", staging+"test-image-tags:2", staging+"test-image-tags:3"),

@@ -10,20 +10,47 @@ import (
 	"syscall"
 )
 
-// The web server images (nginx, httpd, hostnet-nginx) run a stand-in: cube-testregistry's own binary,
-// installed as /usr/sbin/nginx and /usr/sbin/httpd-foreground (the images' commands). What critest looks
+// The web server images (nginx, httpd, hostnet-nginx) and pause run stand-ins: cube-testregistry's own
+// binary, installed as /usr/sbin/nginx, /usr/sbin/httpd-foreground and /pause (the images' commands). What critest looks
 // for is what nginx shows: the process name nginx (pidof), its pid in /var/run/nginx.pid, a command line
 // with "master process", an HTTP 200 on the port, and for httpd a line naming it in the container's log.
 const (
 	nginxBin      = "usr/sbin/nginx"
 	httpdBin      = "usr/sbin/httpd-foreground"
+	pauseBin      = "pause"
 	masterProcess = "nginx: master process nginx -g daemon off;"
 )
 
-// IsWebServer: argv0 is how the web server images start the stand-in (WebServer).
-func IsWebServer(argv0 string) bool {
+// IsStandIn: argv0 is how an image starts a stand-in (StandIn).
+func IsStandIn(argv0 string) bool {
 	b := filepath.Base(argv0)
-	return b == "nginx" || b == "httpd-foreground" || strings.HasPrefix(argv0, "nginx: ")
+	return b == "nginx" || b == "httpd-foreground" || b == "pause" || strings.HasPrefix(argv0, "nginx: ")
+}
+
+// StandIn is the main of the stand-in os.Args[0] names: Pause or WebServer.
+func StandIn() error {
+	if filepath.Base(os.Args[0]) == "pause" {
+		return Pause()
+	}
+	return WebServer()
+}
+
+// Pause is pause's main: it waits for SIGTERM or SIGINT, reaping the children it inherits as a pod's pid 1.
+func Pause() error {
+	sig := make(chan os.Signal, 4)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT, syscall.SIGCHLD)
+	for s := range sig {
+		if s != syscall.SIGCHLD {
+			return nil
+		}
+		for {
+			var ws syscall.WaitStatus
+			if pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil); pid <= 0 || err != nil {
+				break
+			}
+		}
+	}
+	return nil
 }
 
 // WebServer is the stand-in's main: it serves "Welcome to $WEB_NAME!" on $WEB_PORT (80) until SIGTERM.
