@@ -21,8 +21,8 @@ const RegistryBin = "/cube/bin/cube-testregistry"
 
 func TestMain(m *testing.M) {
 	s := cubetest.Setup{
-		Name:     "critest",
-		Bins:     map[string]string{RegistryBin: "github.com/cube-runtime/cube/cmd/cube-testregistry"},
+		Name: "critest",
+		Bins: map[string]string{RegistryBin: "github.com/cube-runtime/cube/cmd/cube-testregistry"},
 		// ipcmk: critest's HostIpc specs make a shared memory segment on the node with it (util-linux).
 		Programs: map[string]string{cubetest.CritestBin: "critest", "/cube/bin/ipcmk": "ipcmk"},
 	}
