@@ -28,7 +28,7 @@ var skipList string
 // local registry, the pod and container lifecycle, exec, DNS and hostname. Each cube pod is a microVM boot
 // under nested TCG, so the subset is kept to about a dozen pods.
 const defaultFocus = `Runtime info|Image Manager|PodSandbox runtime should support basic operations on PodSandbox|` +
-	`Container runtime should support basic operations on container runtime should support (creating|starting|stopping|execSync) |` +
+	`Container runtime should support basic operations on container runtime should support (creating|starting|execSync) |` +
 	`Streaming runtime should support streaming interfaces runtime should support exec with tty=false|` +
 	`Networking runtime should support networking runtime should support (DNS config|set hostname)`
 
