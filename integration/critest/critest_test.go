@@ -50,8 +50,8 @@ func TestCritest(t *testing.T) {
 	}
 	hostsDir := startRegistry(t)
 	focus := defaultFocus
-	// Bounds of one critest run: the subset takes about 1 (runc) and 5 (cube) minutes in the test host, the
-	// whole suite about N (runc) and M (cube).
+	// Bounds of one critest run: in the test host the subset took about 1 (runc) and 3 (cube) minutes, the
+	// whole suite about 8 (runc) and 34 (cube) (measured 2026-12, docs/kubernetes.md).
 	limit := 25 * time.Minute
 	if full() {
 		focus, limit = "", 80*time.Minute
