@@ -71,10 +71,10 @@ func TestCritest(t *testing.T) {
 	if runc == nil || cube == nil {
 		t.Fatal("a critest run gave no report (see its subtest)")
 	}
-	cmp := report.Compare(runc, cube, skips)
+	cmp := report.Compare(runc, cube, skips, focus)
 	t.Logf("critest v1.37.0, runc vs cube (%v for both runs, informational):\n%s", time.Since(start).Round(time.Second), cmp.Table())
 	t.Logf("spec durations, cube (informational):\n%s", cube.Durations())
-	if rc := runc.Count(skips, false); rc.Passed == 0 {
+	if rc := runc.Count(skips, false, focus); rc.Passed == 0 {
 		t.Fatalf("no spec passed on runc: the setup (registry, CNI, containerd) is broken, not Cube")
 	}
 	if full() {
@@ -179,7 +179,7 @@ func runCritest(t *testing.T, h handler, hostsDir, focus, skip string, limit tim
 	if len(run.SuiteErrors) > 0 {
 		t.Fatalf("critest with %s: suite setup failed: %s\n%s", h.name, strings.Join(run.SuiteErrors, "\n"), tail(logPath, 60))
 	}
-	cnt := run.Count(nil, h.name == "cube")
+	cnt := run.Count(nil, h.name == "cube", "")
 	t.Logf("critest with %s: exit %d, %d passed, %d failed", h.name, rc, cnt.Passed, cnt.Failed)
 	for _, s := range run.Specs {
 		if s.Status == report.Failed {

@@ -104,10 +104,14 @@ func ParseJUnit(r io.Reader) (*Run, error) {
 // like the skip list's entries; a spec that skipped itself says why ("skipped - <why>").
 type Count struct{ Passed, Failed, Skipped, NotSelected int }
 
-// Count counts r's specs; skips (for cube, or the [all] entries) tell the skip list's plain skips from the
-// specs the run did not select.
-func (r *Run) Count(skips SkipList, cube bool) Count {
+// Count counts r's specs; focus (the run's --ginkgo.focus, "" for all) and skips (for cube, or the [all]
+// entries) tell the skip list's plain skips from the specs the run did not select.
+func (r *Run) Count(skips SkipList, cube bool, focus string) Count {
 	var c Count
+	fre, err := regexp.Compile(focus)
+	if err != nil {
+		fre = regexp.MustCompile("")
+	}
 	for _, s := range r.Specs {
 		switch s.Status {
 		case Passed:
@@ -115,7 +119,7 @@ func (r *Run) Count(skips SkipList, cube bool) Count {
 		case Failed:
 			c.Failed++
 		default:
-			if _, listed := skips.Match(s.Name, cube); s.Message == "skipped" && !listed {
+			if _, listed := skips.Match(s.Name, cube); s.Message == "skipped" && (!listed || !fre.MatchString(s.Name)) {
 				c.NotSelected++
 			} else {
 				c.Skipped++
@@ -214,6 +218,7 @@ func (l SkipList) Unused(names []string) []SkipEntry {
 type Comparison struct {
 	Runc, Cube *Run
 	Skips      SkipList
+	Focus      string // the runs' --ginkgo.focus ("" for the whole suite)
 	// Regressions: cube failed (or did not run: a missing spec) what runc passed, and no skip entry covers it.
 	Regressions []Spec
 	// BothFail: failed on both (the test host or the images, not Cube's doing).
@@ -222,8 +227,8 @@ type Comparison struct {
 	CubeOnlyPass []string
 }
 
-func Compare(runc, cube *Run, skips SkipList) Comparison {
-	c := Comparison{Runc: runc, Cube: cube, Skips: skips}
+func Compare(runc, cube *Run, skips SkipList, focus string) Comparison {
+	c := Comparison{Runc: runc, Cube: cube, Skips: skips, Focus: focus}
 	for _, name := range sortedNames(runc) {
 		r := runc.Specs[name]
 		k, ok := cube.Specs[name]
@@ -262,7 +267,7 @@ func sortedNames(r *Run) []string {
 // Table is the counts side by side and the lists of differences, for the test's log.
 func (c Comparison) Table() string {
 	var b strings.Builder
-	rc, kc := c.Runc.Count(c.Skips, false), c.Cube.Count(c.Skips, true)
+	rc, kc := c.Runc.Count(c.Skips, false, c.Focus), c.Cube.Count(c.Skips, true, c.Focus)
 	fmt.Fprintf(&b, "%-8s %7s %7s %8s %13s\n", "handler", "passed", "failed", "skipped", "not selected")
 	fmt.Fprintf(&b, "%-8s %7d %7d %8d %13d\n", "runc", rc.Passed, rc.Failed, rc.Skipped, rc.NotSelected)
 	fmt.Fprintf(&b, "%-8s %7d %7d %8d %13d\n", "cube", kc.Passed, kc.Failed, kc.Skipped, kc.NotSelected)

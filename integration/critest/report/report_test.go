@@ -40,8 +40,16 @@ func TestParseJUnit(t *testing.T) {
 	if s := r.Specs["[k8s.io] Streaming runtime should support attach [Conformance]"]; s.Status != Failed {
 		t.Errorf("a timed-out spec is %q, want failed", s.Status)
 	}
-	if got, want := r.Count(nil, true), (Count{Passed: 1, Failed: 2, Skipped: 1, NotSelected: 1}); got != want {
+	if got, want := r.Count(nil, true, ""), (Count{Passed: 1, Failed: 2, Skipped: 1, NotSelected: 1}); got != want {
 		t.Errorf("count %+v, want %+v", got, want)
+	}
+	// A skip list entry counts as skipped inside the focus, as not selected outside it.
+	skips, _ := ParseSkipList(strings.NewReader("[all]\nbenchmark # not here\n"))
+	if got, want := r.Count(skips, false, ""), (Count{Passed: 1, Failed: 2, Skipped: 2}); got != want {
+		t.Errorf("count with a skip list %+v, want %+v", got, want)
+	}
+	if got, want := r.Count(skips, false, "PodSandbox|OOM"), (Count{Passed: 1, Failed: 2, Skipped: 1, NotSelected: 1}); got != want {
+		t.Errorf("count with a skip list outside the focus %+v, want %+v", got, want)
 	}
 	bad := strings.Replace(sample, `name="[BeforeSuite]" classname="CRI validation" status="passed" time="0">`,
 		`name="[BeforeSuite]" classname="CRI validation" status="failed" time="0"><failure message="no runtime">x</failure>`, 1)
@@ -97,7 +105,7 @@ func TestCompare(t *testing.T) {
 	runc := run(map[string]Status{"a": Passed, "b": Passed, "c": Failed, "d": Failed, "e": Passed, "f": Passed, "g": Passed})
 	cube := run(map[string]Status{"a": Passed, "b": Failed, "c": Failed, "d": Passed, "e": Failed, "f": Skipped})
 	skips, _ := ParseSkipList(strings.NewReader("[cube]\n^e$ # not yet\n"))
-	c := Compare(runc, cube, skips)
+	c := Compare(runc, cube, skips, "")
 	var reg []string
 	for _, s := range c.Regressions {
 		reg = append(reg, s.Name)
