@@ -5,6 +5,7 @@
 #         criu (containerd's CRI CheckpointContainer requires a criu binary >= 3.16 even for Cube: the e2e test host gets it)
 #   Go:   containerd, ctr, containerd-shim-runc-v2 at CUBE_CONTAINERD_VERSION in /usr/local/bin
 #         crictl (cri-tools) at CUBE_CRICTL_VERSION in /usr/local/bin (the shim's CRI e2e test)
+#         critest (cri-tools' CRI validation suite, same version) in /usr/local/bin (integration/critest)
 # Idempotent: binaries already at the pinned version are not rebuilt. The build
 # (1.5-3 min) goes through the Go module proxy only.
 # Runs in a subshell so `set -e` and variables do not leak into the sourcing shell.
@@ -45,6 +46,22 @@
 			"sigs.k8s.io/cri-tools/cmd/crictl@$crictl_version"
 		install -m 0755 "$tmp/crictl" "$bindir/"
 		"$bindir/crictl" --version
+	fi
+
+	# critest is cri-tools' test binary (`go test -c` of cmd/critest in the module, as its Makefile builds it);
+	# the same -X makes `critest --version` report the version. (Its output is read whole: with pipefail, a
+	# `| grep -q` that stops reading early can fail the pipeline by SIGPIPE and rebuild for nothing.)
+	if [[ -x $bindir/critest ]] && [[ $("$bindir/critest" --version 2>/dev/null) == *"critest version: ${crictl_version}"* ]]; then
+		echo "containerd.sh: critest $crictl_version already in $bindir"
+	else
+		echo "containerd.sh: building critest $crictl_version (go test -c in the module)"
+		moddir=$(GOFLAGS=-mod=mod go mod download -json "sigs.k8s.io/cri-tools@$crictl_version" |
+			sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+		[[ -d $moddir ]] || { echo "containerd.sh: sigs.k8s.io/cri-tools@$crictl_version not downloaded" >&2; exit 1; }
+		(cd "$moddir" && GOFLAGS=-buildvcs=false go test -c -o "$tmp/critest" \
+			-ldflags "-X sigs.k8s.io/cri-tools/pkg/version.Version=$crictl_version" ./cmd/critest)
+		install -m 0755 "$tmp/critest" "$bindir/"
+		"$bindir/critest" --version
 	fi
 
 	if have_version "$bindir/containerd" && have_version "$bindir/ctr" && shim_ok; then

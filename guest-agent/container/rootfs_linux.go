@@ -340,6 +340,12 @@ func createDevice(rootfs string, d specs.LinuxDevice) error {
 	}
 	os.Remove(dst)
 	if err := unix.Mknod(dst, typ|mode, int(unix.Mkdev(uint32(d.Major), uint32(d.Minor)))); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			// One of populateDev's standard nodes (a bind mount: Remove cannot remove it), listed again in
+			// the spec, as a privileged container's devices are (all of the node's). runc keeps an existing
+			// node too; it is left as it is, owner included.
+			return nil
+		}
 		return fmt.Errorf("mknod %s: %w", d.Path, err)
 	}
 	uid, gid := 0, 0

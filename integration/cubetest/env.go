@@ -51,6 +51,8 @@ func FileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 // Paths inside the test host for the CRI test.
 const (
 	CrictlBin = "/cube/bin/crictl"
+	// CritestBin is cri-tools' CRI validation suite (integration/critest), at crictl's version.
+	CritestBin = "/cube/bin/critest"
 	// CRIContribConfig is contrib/containerd/cube-runtime.toml, imported
 	// as it is by the test's containerd config: what users install is what
 	// is tested (proxy snapshotter socket, CRI handler "cube").

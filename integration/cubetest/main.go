@@ -19,6 +19,9 @@ type Setup struct {
 	Name string
 	// Bins are further Go programs to build into the test host: path there → package.
 	Bins map[string]string
+	// Programs are further programs of this machine (names on PATH) copied into the test host when found:
+	// path there → name (a test needing one says so when it is missing).
+	Programs map[string]string
 	// Env is passed to the tests inside the test host.
 	Env []string
 	// Forwards are ports of this machine's 127.0.0.1 forwarded into the test host (testhost.Options).
@@ -98,6 +101,11 @@ func prepare(s Setup) (*sandboxenv.Env, error) {
 	// without them the containerd tests skip inside the test host and say so.
 	for dst, name := range map[string]string{ContainerdBin: "containerd", CtrBin: "ctr", CrictlBin: "crictl",
 		"/cube/bin/containerd-shim-runc-v2": "containerd-shim-runc-v2", "/cube/bin/runc": "runc"} {
+		if p, err := exec.LookPath(name); err == nil {
+			env.Files[dst] = p
+		}
+	}
+	for dst, name := range s.Programs {
 		if p, err := exec.LookPath(name); err == nil {
 			env.Files[dst] = p
 		}

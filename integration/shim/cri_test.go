@@ -2,49 +2,16 @@ package shim
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cube-runtime/cube/integration/cubetest"
 	"github.com/cube-runtime/cube/shim/task"
 )
-
-// criContainerdConfig is containerd with the CRI plugin on and the contrib
-// snippet imported; the pinned sandbox image is a local one (no registry).
-const criContainerdConfig = `version = 3
-root = "%[1]s/root"
-state = "%[1]s/state"
-temp = "%[1]s/tmp"
-imports = ["%[2]s"]
-disabled_plugins = [
-  "io.containerd.nri.v1.nri",
-  "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.snapshotter.v1.devmapper",
-]
-
-[grpc]
-  address = "%[1]s/containerd.sock"
-[ttrpc]
-  address = "%[1]s/containerd.sock.ttrpc"
-
-[plugins."io.containerd.shim.v1.manager"]
-  socket_dir = "%[1]s/s"
-
-[plugins."io.containerd.cri.v1.images".pinned_images]
-  sandbox = "` + cubetest.PauseImageRef + `"
-
-[plugins."io.containerd.cri.v1.runtime".cni]
-  bin_dirs = ["` + cubetest.CNIBinDir + `"]
-  conf_dir = "%[1]s/net.d"
-`
 
 // A host-network pod (no CNI needed) with the pod's pid namespace per
 // container, as kubelet asks by default.
@@ -64,40 +31,12 @@ const criContainerConfig = `{
   "linux": {"security_context": {"namespace_options": {"network": 2, "pid": 1}}}
 }`
 
-type criEnv struct {
-	t   *testing.T
-	dir string
-	env []string
-	// podNet: the CNI plugins are in the test host and containerd has their
-	// config (criPodNetwork), so pods may have a network of their own.
-	podNet bool
-}
+// criEnv is cubetest's CRI containerd, with this package's helpers as methods.
+type criEnv struct{ *cubetest.CRI }
 
-func (c *criEnv) run(bin string, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = c.env
-	cmd.WaitDelay = 10 * time.Second
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	c.t.Logf("%s %s:\n%s%s", filepath.Base(bin), strings.Join(args, " "), stdout.String(), stderr.String())
-	if err != nil {
-		return stdout.String(), fmt.Errorf("%s %s: %w: %s", filepath.Base(bin), strings.Join(args, " "), err, stderr.String())
-	}
-	return stdout.String(), nil
-}
-
-func (c *criEnv) crictl(args ...string) (string, error) {
-	sock := "unix://" + c.dir + "/containerd.sock"
-	// crictl's default timeout (2 s) is shorter than a VM boot in the test host.
-	return c.run(cubetest.CrictlBin, append([]string{"--runtime-endpoint", sock, "--image-endpoint", sock, "--timeout", "300s"}, args...)...)
-}
-
-func (c *criEnv) ctr(args ...string) (string, error) {
-	return c.run(cubetest.CtrBin, append([]string{"--address", c.dir + "/containerd.sock", "--namespace", "k8s.io"}, args...)...)
-}
+func (c *criEnv) run(bin string, args ...string) (string, error) { return c.Run(bin, args...) }
+func (c *criEnv) crictl(args ...string) (string, error)          { return c.Crictl(args...) }
+func (c *criEnv) ctr(args ...string) (string, error)             { return c.Ctr(args...) }
 
 // cubeVMMs lists the pids of running cube-vmm processes.
 func cubeVMMs() []int { return procsNamed("cube-vmm") }
@@ -123,96 +62,8 @@ func procsNamed(name string) []int {
 	return pids
 }
 
-// startCRI starts cube-snapshotter on the contrib config's socket and
-// containerd with its CRI plugin, and imports the e2e and pause images into
-// the k8s.io namespace (unpacked into the cube snapshotter).
-func startCRI(t *testing.T) *criEnv {
-	for _, p := range []string{cubetest.ContainerdBin, cubetest.CtrBin, cubetest.CrictlBin} {
-		if _, err := os.Stat(p); err != nil {
-			t.Skipf("%s not in the test host: it was not found on the machine (.ci/install.d/containerd.sh installs containerd, ctr and crictl)", filepath.Base(p))
-		}
-	}
-	if _, err := os.Stat(cubetest.CRIContribConfig); err != nil {
-		t.Fatalf("contrib config not in the test host: %v", err)
-	}
-	dir, err := os.MkdirTemp("/tmp", "cri") // short: Unix socket paths
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	c := &criEnv{t: t, dir: dir, env: append(os.Environ(), "PATH=/cube/bin:"+os.Getenv("PATH"))}
-	cubetest.DumpConsolesOnFailure(t, dir, 60)
-
-	// CRI copies the host's /etc/hosts and /etc/resolv.conf into each pod;
-	// the test host's root has neither. The streaming server (crictl exec)
-	// listens on 127.0.0.1.
-	for name, content := range map[string]string{"/etc/hosts": "127.0.0.1 localhost\n", "/etc/resolv.conf": "nameserver 127.0.0.1\n"} {
-		if _, err := os.Stat(name); err != nil {
-			if err := os.WriteFile(name, []byte(content), 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	if out, err := exec.Command("/bin/busybox", "ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
-		t.Fatalf("loopback up: %v: %s", err, out)
-	}
-
-	// Ordering: the CNI config is in place before containerd starts (its CRI loads it then).
-	c.podNet = criPodNetwork(t, c)
-	cubetest.WriteShimConfig(t, dir)
-	if err := os.MkdirAll(filepath.Dir(cubetest.CRISnapshotterSock), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cubetest.StartSnapshotter(t, dir, c.env, cubetest.CRISnapshotterSock)
-
-	conf := filepath.Join(dir, "config.toml")
-	os.WriteFile(conf, fmt.Appendf(nil, criContainerdConfig, dir, cubetest.CRIContribConfig), 0o600)
-	cdLog, _ := os.Create(filepath.Join(dir, "containerd.log"))
-	cd := exec.Command(cubetest.ContainerdBin, "--config", conf, "--log-level", "debug")
-	cd.Env, cd.Stdout, cd.Stderr = c.env, cdLog, cdLog
-	cd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cubetest.Stop(t, cd, filepath.Join(dir, "containerd.log")) })
-
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		if _, err := c.crictl("info"); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("containerd's CRI did not come up")
-		}
-		time.Sleep(time.Second)
-	}
-
-	pause, err := cubetest.OCIImageTar("/bin/busybox", cubetest.PauseImageRef, []string{"sleep"}, "/bin/sleep", "2147483647")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pauseTar := filepath.Join(dir, "pause.tar")
-	if err := os.WriteFile(pauseTar, pause, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	for _, tar := range []string{cubetest.ImageTar, pauseTar} {
-		if _, err := c.ctr("images", "import", "--snapshotter", "cube", tar); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// CRI learns of imported images from events: wait until it lists both.
-	for deadline := time.Now().Add(60 * time.Second); ; {
-		out, err := c.crictl("images", "-q")
-		if err == nil && strings.Count(out, "sha256:") >= 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("CRI does not list the imported images: %v", err)
-		}
-		time.Sleep(time.Second)
-	}
-	return c
-}
+// startCRI starts containerd with its CRI plugin (cubetest.StartCRI).
+func startCRI(t *testing.T) *criEnv { return &criEnv{cubetest.StartCRI(t, cubetest.CRIOptions{})} }
 
 // checkPodLoopback: container b of a pod reaches an HTTP server in container a on 127.0.0.1, and sees lo up
 // (operstate "unknown": lo reports no carrier). The pod is host-network, so both share the guest's initial
@@ -256,7 +107,7 @@ func checkPodLoopback(t *testing.T, c *criEnv, a, b string) {
 func TestCRIPodTwoContainersOneVM(t *testing.T) {
 	c := startCRI(t)
 	sockets := func() []string {
-		ents, _ := os.ReadDir(filepath.Join(c.dir, "s"))
+		ents, _ := os.ReadDir(filepath.Join(c.Dir, "s"))
 		var n []string
 		for _, e := range ents {
 			n = append(n, e.Name())
@@ -272,13 +123,13 @@ func TestCRIPodTwoContainersOneVM(t *testing.T) {
 	// With the CNI plugins the pod has its own network (the VM's NIC, tc-redirected to CNI's veth),
 	// else it is host-network.
 	netMode := func(config string) string {
-		if c.podNet {
+		if c.PodNet {
 			return withPodNetwork(config)
 		}
 		return config
 	}
-	podJSON := filepath.Join(c.dir, "pod.json")
-	os.WriteFile(podJSON, fmt.Appendf(nil, netMode(criPodConfig), filepath.Join(c.dir, "podlogs")), 0o644)
+	podJSON := filepath.Join(c.Dir, "pod.json")
+	os.WriteFile(podJSON, fmt.Appendf(nil, netMode(criPodConfig), filepath.Join(c.Dir, "podlogs")), 0o644)
 	start := time.Now()
 	out, err := c.crictl("runp", "--runtime", "cube", podJSON)
 	if err != nil {
@@ -296,7 +147,7 @@ func TestCRIPodTwoContainersOneVM(t *testing.T) {
 
 	createStart := func(name string) string {
 		t.Helper()
-		cj := filepath.Join(c.dir, name+".json")
+		cj := filepath.Join(c.Dir, name+".json")
 		os.WriteFile(cj, fmt.Appendf(nil, netMode(criContainerConfig), name, cubetest.ImageRef), 0o644)
 		start := time.Now()
 		out, err := c.crictl("create", pod, cj, podJSON)
@@ -353,11 +204,11 @@ func TestCRIPodTwoContainersOneVM(t *testing.T) {
 		t.Fatalf("%d cube-vmm processes for one pod (%v), want 1", len(pids), pids)
 	}
 	// …and it is this pod's: its command line names the pod's sandbox dir.
-	sbDir := task.SandboxDir(filepath.Join(c.dir, "vms"), "k8s.io", pod)
+	sbDir := task.SandboxDir(filepath.Join(c.Dir, "vms"), "k8s.io", pod)
 	if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pids[0])); !bytes.Contains(b, []byte(sbDir)) {
 		t.Errorf("cube-vmm %d is not the pod's VM (command line %q lacks %s)", pids[0], bytes.ReplaceAll(b, []byte{0}, []byte{' '}), sbDir)
 	}
-	if vms, _ := os.ReadDir(filepath.Join(c.dir, "vms")); len(vms) != 1 {
+	if vms, _ := os.ReadDir(filepath.Join(c.Dir, "vms")); len(vms) != 1 {
 		t.Errorf("sandbox state dirs %v, want only the pod's", vms)
 	}
 
@@ -370,7 +221,7 @@ func TestCRIPodTwoContainersOneVM(t *testing.T) {
 		t.Errorf("rootfs devices %v: want two distinct slots besides vda", devs)
 	}
 	checkPodLoopback(t, c, ids["c1"], ids["c2"])
-	if c.podNet {
+	if c.PodNet {
 		checkPodNetwork(t, c, pod, ids["c1"], ids["c2"])
 		checkPodToPod(t, c, pod, ids["c1"], ids["c2"])
 	}
@@ -405,7 +256,7 @@ func TestCRIPodTwoContainersOneVM(t *testing.T) {
 		if p := cubeVMMs(); len(p) > 0 {
 			left = append(left, fmt.Sprintf("cube-vmm %v", p))
 		}
-		if ents, _ := os.ReadDir(filepath.Join(c.dir, "vms")); len(ents) > 0 {
+		if ents, _ := os.ReadDir(filepath.Join(c.Dir, "vms")); len(ents) > 0 {
 			left = append(left, fmt.Sprintf("sandbox state %v", ents))
 		}
 		if now := procsNamed("containerd-shim-cube-v1"); len(now) > len(shimsBefore) {
@@ -414,7 +265,7 @@ func TestCRIPodTwoContainersOneVM(t *testing.T) {
 		if now := sockets(); len(now) > len(socketsBefore) {
 			left = append(left, fmt.Sprintf("shim sockets %v (before the pod: %v)", now, socketsBefore))
 		}
-		if c.podNet {
+		if c.PodNet {
 			left = append(left, podNetworkLeftovers()...)
 		}
 		if len(left) == 0 || time.Now().After(deadline) {
@@ -428,7 +279,7 @@ func TestCRIPodTwoContainersOneVM(t *testing.T) {
 	if out, err := c.crictl("pods", "-q"); err != nil || strings.TrimSpace(out) != "" {
 		t.Errorf("pods after rmp: %q %v", out, err)
 	}
-	if b, _ := os.ReadFile(filepath.Join(c.dir, "containerd.log")); bytes.Contains(b, []byte("unknown op")) {
+	if b, _ := os.ReadFile(filepath.Join(c.Dir, "containerd.log")); bytes.Contains(b, []byte("unknown op")) {
 		t.Error("containerd log shows a VMM refusing an op")
 	}
 }

@@ -42,9 +42,9 @@ const criCheckpointDir = "checkpoint/"
 // of the archive, restores in a new cube-vmm whose guest still counts.
 func TestCRICheckpointPodVM(t *testing.T) {
 	c := startCRI(t)
-	podJSON := filepath.Join(c.dir, "pod.json")
-	config := fmt.Sprintf(criPodConfig, filepath.Join(c.dir, "podlogs"))
-	if c.podNet {
+	podJSON := filepath.Join(c.Dir, "pod.json")
+	config := fmt.Sprintf(criPodConfig, filepath.Join(c.Dir, "podlogs"))
+	if c.PodNet {
 		config = withPodNetwork(config)
 	}
 	os.WriteFile(podJSON, []byte(config), 0o644)
@@ -57,9 +57,9 @@ func TestCRICheckpointPodVM(t *testing.T) {
 		c.crictl("stopp", pod)
 		c.crictl("rmp", "-f", pod)
 	})
-	cj := filepath.Join(c.dir, "counter.json")
+	cj := filepath.Join(c.Dir, "counter.json")
 	cconf := fmt.Sprintf(criCounterConfig, "counter", cubetest.ImageRef, cubetest.CounterScript)
-	if c.podNet {
+	if c.PodNet {
 		cconf = withPodNetwork(cconf)
 	}
 	os.WriteFile(cj, []byte(cconf), 0o644)
@@ -86,7 +86,7 @@ func TestCRICheckpointPodVM(t *testing.T) {
 	}
 	before := count()
 
-	archive := filepath.Join(c.dir, "checkpoint.tar")
+	archive := filepath.Join(c.Dir, "checkpoint.tar")
 	if _, err := c.crictl("checkpoint", "--export="+archive, cid); err != nil {
 		t.Fatalf("crictl checkpoint: %v", err)
 	}
@@ -143,7 +143,7 @@ func TestCRICheckpointPodVM(t *testing.T) {
 	rdir := t.TempDir()
 	args := []string{"restore", "-disk-dir", rdir, "-control", rdir + "/ctl.sock",
 		"-vsock", rdir + "/vsock.sock", "-console", rdir + "/console.log"}
-	if c.podNet {
+	if c.PodNet {
 		// The pod VM had a NIC on CNI's network (a tap the shim passed as an fd): the restored VM needs a
 		// tap of its own; this one leads nowhere, which the counter does not mind.
 		args = append(args, "-net", "tap="+taptest.Make(t, "ckpt", 0))

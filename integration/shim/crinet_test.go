@@ -1,7 +1,6 @@
 package shim
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -12,68 +11,20 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/nftables"
-
 	"github.com/cube-runtime/cube/integration/cubetest"
 )
 
-// The pod network: a bridge in the test host with the gateway address, so
-// the test (in the test host's namespace) reaches pod IPs directly. No NAT
-// (ipMasq): nothing leaves the test host.
 const (
-	criCNIBridge  = "cube-cni0"
-	criCNIGateway = "10.88.0.1"
-	criCNIName    = "cube-e2e"
-	// criCNILeases is host-local's default dataDir for the network: a file named by each leased address.
-	criCNILeases = "/var/lib/cni/networks/" + criCNIName
-	criCNIConf   = `{"cniVersion": "1.0.0", "name": "` + criCNIName + `", "plugins": [{
-  "type": "bridge", "bridge": "` + criCNIBridge + `", "isGateway": true, "ipMasq": false,
-  "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.88.0.0/16", "gateway": "` + criCNIGateway + `"}]],
-           "routes": [{"dst": "0.0.0.0/0"}]}}]}`
+	criCNIBridge  = cubetest.CNIBridge
+	criCNIGateway = cubetest.CNIGateway
+	criCNILeases  = cubetest.CNILeases
 )
 
-// criPodNetwork writes the CNI config; the plugins must be in the test host
-// (a missing one fails the test: CI installs them). It reports true: the
-// pod gets a CNI network.
-func criPodNetwork(t *testing.T, c *criEnv) bool {
-	for _, p := range cubetest.CNIPlugins {
-		if _, err := os.Stat(filepath.Join(cubetest.CNIBinDir, p)); err != nil {
-			t.Fatalf("CNI plugin %s not in the test host: the machine lacks Debian's containernetworking-plugins (install it: bash .ci/install.d/containerd.sh, or apt install containernetworking-plugins)", p)
-		}
-	}
-	dir := filepath.Join(c.dir, "net.d")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "10-cube-e2e.conflist"), []byte(criCNIConf), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return true
-}
+func withPodNetwork(config string) string { return cubetest.WithPodNetwork(config) }
 
-// withPodNetwork turns a pod or container config's host network (2, NODE) into the pod's own (0, POD).
-func withPodNetwork(config string) string {
-	return strings.ReplaceAll(config, `"network": 2`, `"network": 0`)
-}
+func podIP(t *testing.T, c *criEnv, pod string) string { return c.PodIP(t, pod) }
 
-// podIP is the pod's address as CRI reports it (from CNI's result).
-func podIP(t *testing.T, c *criEnv, pod string) string {
-	out, err := c.crictl("inspectp", "-o", "json", pod)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var st struct {
-		Status struct {
-			Network struct {
-				IP string `json:"ip"`
-			} `json:"network"`
-		} `json:"status"`
-	}
-	if err := json.Unmarshal([]byte(out), &st); err != nil || net.ParseIP(st.Status.Network.IP) == nil {
-		t.Fatalf("crictl inspectp: no pod IP (%v) in:\n%s", err, out)
-	}
-	return st.Status.Network.IP
-}
+func podNetworkLeftovers() []string { return cubetest.PodNetworkLeftovers() }
 
 // checkPodNetwork: the guest's eth0 (as containers a and b see it: they
 // share the guest's initial network namespace) has the pod IP CNI gave the
@@ -135,44 +86,6 @@ func checkPodNetwork(t *testing.T, c *criEnv, pod, a, b string) {
 	}
 }
 
-// podNetworkLeftovers lists what pod networking may leave in the test host after the pod is removed:
-// veths on the CNI bridge (CNI DEL removes the pod's), network namespaces CRI made (the VM's tap lives in
-// the pod's), host-local's address leases, egress policy tables (nftables).
-func podNetworkLeftovers() []string {
-	var left []string
-	if ents, _ := os.ReadDir(criCNILeases); len(ents) > 0 {
-		for _, e := range ents {
-			if net.ParseIP(e.Name()) != nil {
-				left = append(left, "address lease "+e.Name())
-			}
-		}
-	}
-	if conn, err := nftables.New(); err != nil {
-		left = append(left, fmt.Sprintf("nftables: %v", err))
-	} else if tables, err := conn.ListTablesOfFamily(nftables.TableFamilyNetdev); err != nil {
-		left = append(left, fmt.Sprintf("nftables tables: %v", err))
-	} else {
-		for _, tb := range tables {
-			if strings.HasPrefix(tb.Name, "cube-egress-") {
-				left = append(left, "nftables table "+tb.Name)
-			}
-		}
-	}
-	if ents, _ := os.ReadDir("/sys/class/net/" + criCNIBridge + "/brif"); len(ents) > 0 {
-		for _, e := range ents {
-			left = append(left, "bridge port "+e.Name())
-		}
-	}
-	for _, d := range []string{"/var/run/netns", "/run/netns"} {
-		if ents, _ := os.ReadDir(d); len(ents) > 0 {
-			for _, e := range ents {
-				left = append(left, "netns "+filepath.Join(d, e.Name()))
-			}
-		}
-	}
-	return left
-}
-
 // checkPodToPod: a second pod on the same CNI network (its own VM, its own
 // pod IP) and the first reach each other by pod IP, through the bridge
 // (no NAT: each server sees the other pod's address): a container of the
@@ -183,8 +96,8 @@ func podNetworkLeftovers() []string {
 func checkPodToPod(t *testing.T, c *criEnv, pod, a, b string) {
 	t.Helper()
 	ip := podIP(t, c, pod)
-	podJSON := filepath.Join(c.dir, "pod2.json")
-	os.WriteFile(podJSON, fmt.Appendf(nil, strings.ReplaceAll(withPodNetwork(criPodConfig), "cube-pod", "cube-pod2"), filepath.Join(c.dir, "pod2logs")), 0o644)
+	podJSON := filepath.Join(c.Dir, "pod2.json")
+	os.WriteFile(podJSON, fmt.Appendf(nil, strings.ReplaceAll(withPodNetwork(criPodConfig), "cube-pod", "cube-pod2"), filepath.Join(c.Dir, "pod2logs")), 0o644)
 	out, err := c.crictl("runp", "--runtime", "cube", podJSON)
 	if err != nil {
 		t.Errorf("second pod: %v", err)
@@ -200,7 +113,7 @@ func checkPodToPod(t *testing.T, c *criEnv, pod, a, b string) {
 		}
 	}
 	defer remove()
-	cj := filepath.Join(c.dir, "p2.json")
+	cj := filepath.Join(c.Dir, "p2.json")
 	os.WriteFile(cj, fmt.Appendf(nil, withPodNetwork(criContainerConfig), "p2", cubetest.ImageRef), 0o644)
 	out, err = c.crictl("create", pod2, cj, podJSON)
 	if err != nil {

@@ -40,7 +40,7 @@ const criVolumeContainerConfig = `{
 // the host directories' files in place.
 func TestCRIPodVolumes(t *testing.T) {
 	c := startCRI(t)
-	podDir := filepath.Join(c.dir, "kubelet", "pods", "0c9e7a52-5b1d-4f0e-9d3c-2a7b6e8f1d40")
+	podDir := filepath.Join(c.Dir, "kubelet", "pods", "0c9e7a52-5b1d-4f0e-9d3c-2a7b6e8f1d40")
 	cache := filepath.Join(podDir, "volumes", "kubernetes.io~empty-dir", "cache")
 	cfg := filepath.Join(podDir, "volumes", "kubernetes.io~configmap", "cfg")
 	for _, d := range []string{cache, cfg} {
@@ -55,8 +55,8 @@ func TestCRIPodVolumes(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	podJSON := filepath.Join(c.dir, "volpod.json")
-	os.WriteFile(podJSON, fmt.Appendf(nil, criPodConfig, filepath.Join(c.dir, "podlogs")), 0o644)
+	podJSON := filepath.Join(c.Dir, "volpod.json")
+	os.WriteFile(podJSON, fmt.Appendf(nil, criPodConfig, filepath.Join(c.Dir, "podlogs")), 0o644)
 	out, err := c.crictl("runp", "--runtime", "cube", podJSON)
 	if err != nil {
 		t.Fatal(err)
@@ -68,7 +68,7 @@ func TestCRIPodVolumes(t *testing.T) {
 	})
 	createStart := func(name, script string) string {
 		t.Helper()
-		cj := filepath.Join(c.dir, name+".json")
+		cj := filepath.Join(c.Dir, name+".json")
 		os.WriteFile(cj, fmt.Appendf(nil, criVolumeContainerConfig, name, cubetest.ImageRef, script, cache, cfg), 0o644)
 		out, err := c.crictl("create", pod, cj, podJSON)
 		if err != nil {
@@ -129,7 +129,7 @@ func TestCRIPodVolumes(t *testing.T) {
 
 	// hostPath (virtio-fs): writes from the guest reach the host, the host's
 	// reach the guest; a read-only one refuses writes.
-	hostPath, hostRO := filepath.Join(c.dir, "hostpath"), filepath.Join(c.dir, "hostpath-ro")
+	hostPath, hostRO := filepath.Join(c.Dir, "hostpath"), filepath.Join(c.Dir, "hostpath-ro")
 	for _, d := range []string{hostPath, hostRO} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
@@ -138,7 +138,7 @@ func TestCRIPodVolumes(t *testing.T) {
 	os.WriteFile(filepath.Join(hostRO, "fixed"), []byte("from-the-host-ro\n"), 0o644)
 	hpConfig := strings.Replace(criVolumeContainerConfig, `"container_path": "/cache"`, `"container_path": "/hp"`, 1)
 	hpConfig = strings.Replace(hpConfig, `"container_path": "/etc/cfg"`, `"container_path": "/hpro"`, 1)
-	cj := filepath.Join(c.dir, "hp.json")
+	cj := filepath.Join(c.Dir, "hp.json")
 	os.WriteFile(cj, fmt.Appendf(nil, hpConfig, "hostpath", cubetest.ImageRef, "echo from-the-guest > /hp/g; exec sleep 100000", hostPath, hostRO), 0o644)
 	// CRI makes the task (where the shim sees the spec) at start.
 	out, err = c.crictl("create", pod, cj, podJSON)
@@ -161,13 +161,13 @@ func TestCRIPodVolumes(t *testing.T) {
 	}
 
 	// A volume the shim cannot serve: a host socket, refused naming it.
-	sock := filepath.Join(c.dir, "hp.sock")
+	sock := filepath.Join(c.Dir, "hp.sock")
 	l, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	cj = filepath.Join(c.dir, "sock.json")
+	cj = filepath.Join(c.Dir, "sock.json")
 	os.WriteFile(cj, fmt.Appendf(nil, hpConfig, "socket", cubetest.ImageRef, "exec sleep 100000", sock, hostRO), 0o644)
 	out, err = c.crictl("create", pod, cj, podJSON)
 	if err == nil {

@@ -21,8 +21,8 @@ const egressOtherAddr = "10.77.0.1"
 
 // cube runs the cube CLI against the CRI containerd (namespace k8s.io).
 func (c *criEnv) cube(args ...string) (string, error) {
-	return c.run(cubetest.CubeBin, append([]string{"--address", c.dir + "/containerd.sock", "--namespace", "k8s.io",
-		"--state", c.dir + "/state"}, args...)...)
+	return c.run(cubetest.CubeBin, append([]string{"--address", c.Dir + "/containerd.sock", "--namespace", "k8s.io",
+		"--state", c.Dir + "/state"}, args...)...)
 }
 
 // egressTables lists the test host's nftables tables of egress policies.
@@ -59,8 +59,8 @@ func TestCRIPodEgressPolicy(t *testing.T) {
 	}
 	t.Cleanup(func() { exec.Command("/bin/busybox", "ip", "addr", "del", egressOtherAddr+"/32", "dev", "lo").Run() })
 
-	podJSON := filepath.Join(c.dir, "pod.json")
-	os.WriteFile(podJSON, fmt.Appendf(nil, withPodNetwork(criPodConfig), filepath.Join(c.dir, "podlogs")), 0o644)
+	podJSON := filepath.Join(c.Dir, "pod.json")
+	os.WriteFile(podJSON, fmt.Appendf(nil, withPodNetwork(criPodConfig), filepath.Join(c.Dir, "podlogs")), 0o644)
 	out, err := c.crictl("runp", "--runtime", "cube", podJSON)
 	if err != nil {
 		t.Fatal(err)
@@ -73,7 +73,7 @@ func TestCRIPodEgressPolicy(t *testing.T) {
 			c.crictl("rmp", "-f", pod)
 		}
 	})
-	cj := filepath.Join(c.dir, "c1.json")
+	cj := filepath.Join(c.Dir, "c1.json")
 	os.WriteFile(cj, fmt.Appendf(nil, withPodNetwork(criContainerConfig), "c1", cubetest.ImageRef), 0o644)
 	out, err = c.crictl("create", pod, cj, podJSON)
 	if err != nil {

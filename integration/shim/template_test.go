@@ -107,8 +107,8 @@ func TestTemplatesByDefault(t *testing.T) {
 // app container of the pod takes a drive slot of the restored VM and runs.
 func TestCRIPodFromTemplate(t *testing.T) {
 	c := startCRI(t)
-	podJSON := filepath.Join(c.dir, "pod.json")
-	os.WriteFile(podJSON, fmt.Appendf(nil, criPodConfig, filepath.Join(c.dir, "podlogs")), 0o644)
+	podJSON := filepath.Join(c.Dir, "pod.json")
+	os.WriteFile(podJSON, fmt.Appendf(nil, criPodConfig, filepath.Join(c.Dir, "podlogs")), 0o644)
 	out, err := c.crictl("runp", "--runtime", "cube", podJSON)
 	if err != nil {
 		t.Fatal(err)
@@ -118,11 +118,11 @@ func TestCRIPodFromTemplate(t *testing.T) {
 		c.crictl("stopp", pod)
 		c.crictl("rmp", "-f", pod)
 	})
-	b, _ := os.ReadFile(filepath.Join(c.dir, "containerd.log"))
+	b, _ := os.ReadFile(filepath.Join(c.Dir, "containerd.log"))
 	if log := string(b); !strings.Contains(log, cubetest.LogRestoring) || strings.Contains(log, cubetest.LogNoTemplate) {
 		t.Fatalf("pod sandbox not restored from a template; shim log:\n%s", cubetest.GrepLines(log, "template"))
 	}
-	cj := filepath.Join(c.dir, "app.json")
+	cj := filepath.Join(c.Dir, "app.json")
 	os.WriteFile(cj, fmt.Appendf(nil, criContainerConfig, "app", cubetest.ImageRef), 0o644)
 	out, err = c.crictl("create", pod, cj, podJSON)
 	if err != nil {
