@@ -30,7 +30,7 @@ var skipList string
 const defaultFocus = `Runtime info|Image Manager|PodSandbox runtime should support basic operations on PodSandbox|` +
 	`Container runtime should support basic operations on container runtime should support (creating|starting|execSync) |` +
 	`Streaming runtime should support streaming interfaces runtime should support exec with tty=false|` +
-	`Networking runtime should support networking runtime should support (DNS config|set hostname)`
+	`Networking runtime should support networking runtime should support (DNS config|set hostname|port mapping with host port and container port)`
 
 // handler is one critest run: its name and --runtime-handler ("" is containerd's default, runc).
 type handler struct{ name, flag string }
@@ -56,7 +56,10 @@ func TestCritest(t *testing.T) {
 	if full() {
 		focus, limit = "", 80*time.Minute
 	}
-	t.Logf("critest focus %q (CUBE_CRITEST_FULL=1 runs the whole suite)", focus)
+	if f := os.Getenv("CUBE_CRITEST_FOCUS"); f != "" {
+		focus = f
+	}
+	t.Logf("critest focus %q (CUBE_CRITEST_FULL=1 runs the whole suite, CUBE_CRITEST_FOCUS=REGEXP the specs it matches)", focus)
 
 	runs := map[string]*report.Run{}
 	start := time.Now()

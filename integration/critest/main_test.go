@@ -26,6 +26,9 @@ func TestMain(m *testing.M) {
 		// ipcmk: critest's HostIpc specs make a shared memory segment on the node with it (util-linux).
 		Programs: map[string]string{cubetest.CritestBin: "critest", "/cube/bin/ipcmk": "ipcmk"},
 	}
+	if f := os.Getenv("CUBE_CRITEST_FOCUS"); f != "" {
+		s.Env = append(s.Env, "CUBE_CRITEST_FOCUS="+f) // a --ginkgo.focus regexp instead of defaultFocus
+	}
 	if full() {
 		s.Env = append(s.Env, "CUBE_CRITEST_FULL=1")
 		s.Timeout = 175 * time.Minute // two runs of at most 85 minutes (TestCritest)

@@ -14,7 +14,8 @@ import (
 
 // The pod network: a bridge in the test host with the gateway address, so
 // the test (in the test host's namespace) reaches pod IPs directly. No NAT
-// (ipMasq): nothing leaves the test host.
+// (ipMasq): nothing leaves the test host. portmap maps a pod's hostPort
+// (CRI port_mappings) to its IP, as a node's CNI chain does.
 const (
 	CNIBridge  = "cube-cni0"
 	CNIGateway = "10.88.0.1"
@@ -24,7 +25,8 @@ const (
 	cniConf   = `{"cniVersion": "1.0.0", "name": "` + CNIName + `", "plugins": [{
   "type": "bridge", "bridge": "` + CNIBridge + `", "isGateway": true, "ipMasq": false,
   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.88.0.0/16", "gateway": "` + CNIGateway + `"}]],
-           "routes": [{"dst": "0.0.0.0/0"}]}}]}`
+           "routes": [{"dst": "0.0.0.0/0"}]}},
+  {"type": "portmap", "capabilities": {"portMappings": true}}]}`
 )
 
 // CRIPodNetwork writes the CNI config; the plugins must be in the test host
