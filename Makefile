@@ -260,6 +260,12 @@ bench-shim: deps
 bench-cube: deps
 	$(GO) test -count=1 -timeout 40m -run '^$$' -bench '^BenchmarkCube$$' -benchtime 1x -v ./integration/checkpoint
 
+# Issue 15's benchmarks: create from a template through the SDK (c=1, c=10) vs runc's `ctr run -d`; snapshot,
+# rollback, fork(1), fork(10) through the SDK and cube-api vs the cube CLI on the shim (tables only).
+.PHONY: bench-api
+bench-api: deps
+	$(GO) test -count=1 -timeout 40m -run '^$$' -bench '^BenchmarkCubeAPI$$' -benchtime 1x -v ./integration/checkpoint
+
 fuzz-shim:
 	$(GO) test -run '^$$' -fuzz FuzzParse$$ -fuzztime $(FUZZTIME) ./shim/config
 	$(GO) test -run '^$$' -fuzz FuzzParseReply -fuzztime $(FUZZTIME) ./hypervisor/vsockdial

@@ -14,7 +14,7 @@ import (
 )
 
 // importForAPI imports the test image into cube-api's namespace.
-func (d *daemons) importForAPI(t *testing.T, ctx context.Context) {
+func (d *daemons) importForAPI(t testing.TB, ctx context.Context) {
 	t.Helper()
 	imp := exec.CommandContext(ctx, cubetest.CtrBin, "--address", d.Dir+"/containerd.sock", "--namespace", apiNamespace,
 		"images", "import", "--snapshotter", "cube", cubetest.ImageTar)

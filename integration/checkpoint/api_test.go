@@ -60,7 +60,7 @@ const (
 
 // startAPI starts cube-api on a free loopback port and waits for /health;
 // the returned function stops it (SIGTERM, graceful).
-func (d *daemons) startAPI(t *testing.T, addr string) func() {
+func (d *daemons) startAPI(t testing.TB, addr string) func() {
 	t.Helper()
 	conf := filepath.Join(d.Dir, "api.toml")
 	cniConf, cniCache := filepath.Join(d.Dir, "cni"), filepath.Join(d.Dir, "cni-cache")
@@ -105,7 +105,7 @@ func (d *daemons) startAPI(t *testing.T, addr string) func() {
 }
 
 // freeAddr is a loopback address with a free port.
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
