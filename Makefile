@@ -252,6 +252,7 @@ e2e-shim: deps
 bench-shim: deps
 	$(GO) test -count=1 -timeout 40m -run '^$$' -bench 'BenchmarkCtrRunTrue$$' -benchtime 10x ./integration/shim
 	$(GO) test -count=1 -timeout 40m -run '^$$' -bench 'BenchmarkCtrDensity$$' -benchtime 1x ./integration/shim
+	$(GO) test -count=1 -timeout 40m -run '^$$' -bench 'BenchmarkVirtioFS$$' -benchtime 1x -v ./integration/shim
 
 # In the test host, issue 14's side by side (one run, tables printed, about 10 minutes): `cube rollback` vs the
 # cube-vmm op alone; `ctr containers restore --live` vs a cold `ctr run -d` (templates off) vs `ctr run -d` from

@@ -12,7 +12,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	s := cubetest.Setup{Name: "shim"}
+	s := cubetest.Setup{Name: "shim", Bins: map[string]string{
+		fsbenchBin: "github.com/cube-runtime/cube/integration/shim/fsbench", // BenchmarkVirtioFS, in the guest
+	}}
 	if v := os.Getenv("CUBE_E2E_VMM_KILL"); v != "" {
 		s.Env = append(s.Env, "CUBE_E2E_VMM_KILL="+v) // =running: TestCtrVMMKilled kills a running VMM
 	}
