@@ -198,3 +198,11 @@ func (c *Client) SetDisk(ctx context.Context, serial, path string) (DiskSetResul
 	err := c.Call(ctx, Request{Op: OpDiskSet, Serial: serial, Path: path}, &r)
 	return r, err
 }
+
+// SetDiskReadOnly is SetDisk with a read-only medium: the VMM opens path
+// read-only and fails the guest's writes to it with IOERR.
+func (c *Client) SetDiskReadOnly(ctx context.Context, serial, path string) (DiskSetResult, error) {
+	var r DiskSetResult
+	err := c.Call(ctx, Request{Op: OpDiskSet, Serial: serial, Path: path, ReadOnly: true}, &r)
+	return r, err
+}

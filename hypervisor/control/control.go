@@ -9,6 +9,8 @@
 //	→ {"op":"rollback","dir":"/snaps/a"}  ← {"ok":true,"result":{...}}
 //	→ {"op":"disk-set","serial":"cube-slot-1","path":"/img/c2.img"}
 //	                                      ← {"ok":true,"result":{"serial":…,"path":…,"sectors":N}}
+//	→ {"op":"disk-set","serial":"cube-slot-2","path":"/dev/loop3","read_only":true}
+//	                                      (a read-only medium: writes fail with IOERR)
 //	→ {"op":"restore","dir":"/snaps/a"}   ← {"ok":true,"result":{...}}   (a standby VMM only)
 //
 // Ops (the Op constants): pause, resume, stop, info, snapshot/rollback when
@@ -55,6 +57,7 @@ type Request struct {
 	Incremental bool   `json:"incremental,omitempty"` // snapshot
 	Serial      string `json:"serial,omitempty"`      // disk-set
 	Path        string `json:"path,omitempty"`        // disk-set: absolute
+	ReadOnly    bool   `json:"read_only,omitempty"`   // disk-set: the medium refuses writes (IOERR)
 	Paused      bool   `json:"paused,omitempty"`      // restore: vCPUs parked until resume
 }
 

@@ -13,9 +13,12 @@ type diskVM struct {
 	calls []string
 }
 
-func (d *diskVM) SetDisk(serial, path string) (*DiskSetResult, error) {
+func (d *diskVM) SetDisk(serial, path string, readOnly bool) (*DiskSetResult, error) {
 	if serial == "bad" {
 		return nil, fmt.Errorf("set disk %q: no such disk", serial)
+	}
+	if readOnly {
+		path += ":ro"
 	}
 	d.calls = append(d.calls, serial+"="+path)
 	return &DiskSetResult{Serial: serial, Path: path, Sectors: 8}, nil
@@ -41,6 +44,12 @@ func TestDiskSet(t *testing.T) {
 	if res != (DiskSetResult{Serial: "cube-slot-1", Path: "/img/a.img", Sectors: 8}) {
 		t.Errorf("result %+v", res)
 	}
+	if _, err := c.SetDiskReadOnly(t.Context(), "cube-slot-2", "/dev/loop3"); err != nil {
+		t.Fatal(err)
+	}
+	if got := vm.calls[len(vm.calls)-1]; got != "cube-slot-2=/dev/loop3:ro" {
+		t.Errorf("read_only not carried to the target: %s", got)
+	}
 	for _, tc := range []struct{ serial, path, want string }{
 		{"", "/img/a.img", "no serial"},
 		{"cube-slot-1", "", "no path"},
@@ -51,7 +60,7 @@ func TestDiskSet(t *testing.T) {
 			t.Errorf("disk-set %q %q: %v, want an error with %q", tc.serial, tc.path, err, tc.want)
 		}
 	}
-	if len(vm.calls) != 1 {
+	if len(vm.calls) != 2 {
 		t.Errorf("target saw %v, want only the valid request", vm.calls)
 	}
 

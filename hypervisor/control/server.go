@@ -19,7 +19,7 @@ type Snapshotter interface {
 // DiskSetter is a Target whose drives can be re-pointed at other backing
 // files (serial names the drive; path is absolute).
 type DiskSetter interface {
-	SetDisk(serial, path string) (*DiskSetResult, error)
+	SetDisk(serial, path string, readOnly bool) (*DiskSetResult, error)
 }
 
 // Restorer is a Target that can restore a snapshot (a standby VMM).
@@ -221,7 +221,7 @@ func diskSetOp(t Target, req Request) (json.RawMessage, error) {
 	case req.Path == "":
 		return nil, errors.New("disk-set: no path given")
 	default:
-		return encode(ds.SetDisk(req.Serial, req.Path))
+		return encode(ds.SetDisk(req.Serial, req.Path, req.ReadOnly))
 	}
 }
 

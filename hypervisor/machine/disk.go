@@ -22,6 +22,12 @@ var ErrNoDisk = errors.New("no such disk")
 // and re-reads the capacity. Serialized with pause, snapshot and rollback.
 // Returns the new capacity in 512-byte sectors.
 func (m *Machine) SetDisk(serial, path string) (uint64, error) {
+	return m.SetDiskMode(serial, path, false)
+}
+
+// SetDiskMode is SetDisk with readOnly: the new medium is opened read-only
+// and the disk fails writes to it with IOERR (a read-only raw block volume).
+func (m *Machine) SetDiskMode(serial, path string, readOnly bool) (uint64, error) {
 	if serial == "" {
 		return 0, errors.New("set disk: empty serial")
 	}
@@ -52,11 +58,11 @@ func (m *Machine) SetDisk(serial, path string) (uint64, error) {
 	// Quiesce: wait for the kick in progress, park new ones until Resume
 	// replays them against the new file.
 	found.tr.Pause()
-	sectors, err := dev.SetBacking(path)
+	sectors, err := dev.SetBackingMode(path, readOnly)
 	found.tr.Resume()
 	if err != nil {
 		return 0, fmt.Errorf("set disk %q: %w", serial, err)
 	}
-	m.log.WithFields(logrus.Fields{"serial": serial, "old": old, "new": path, "sectors": sectors}).Info("disk re-pointed")
+	m.log.WithFields(logrus.Fields{"serial": serial, "old": old, "new": path, "sectors": sectors, "read_only": readOnly}).Info("disk re-pointed")
 	return sectors, nil
 }

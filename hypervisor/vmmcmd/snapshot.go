@@ -72,10 +72,10 @@ func newTarget(m *machine.Machine, cfg Config, comps func() (snapshot.Components
 }
 
 // SetDisk re-points the drive with serial at path (control op disk-set).
-func (t *snapTarget) SetDisk(serial, path string) (*control.DiskSetResult, error) {
+func (t *snapTarget) SetDisk(serial, path string, readOnly bool) (*control.DiskSetResult, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	sectors, err := t.m.SetDisk(serial, path)
+	sectors, err := t.m.SetDiskMode(serial, path, readOnly)
 	if err != nil {
 		return nil, err
 	}

@@ -51,10 +51,18 @@ func (d *Device) ReplaceBacking() error {
 // should also pause the transport so no kick is processed mid-swap. On
 // error the disk keeps its old file. Returns the new capacity in sectors.
 func (d *Device) SetBacking(path string) (uint64, error) {
+	return d.SetBackingMode(path, false)
+}
+
+// SetBackingMode is SetBacking with a media mode: readOnly opens the file
+// (or block device) read-only and fails every write request with IOERR
+// until the next SetBacking (VIRTIO_BLK_F_RO is negotiated once at boot,
+// so a slot cannot change it per medium).
+func (d *Device) SetBackingMode(path string, readOnly bool) (uint64, error) {
 	if path == "" {
 		return 0, errors.New("virtio-blk: set backing: empty path")
 	}
-	f, sectors, err := openBacking(path, d.opts.ReadOnly)
+	f, sectors, err := openBacking(path, d.opts.ReadOnly || readOnly)
 	if err != nil {
 		return 0, err // names the file; the caller names the disk
 	}
@@ -62,6 +70,7 @@ func (d *Device) SetBacking(path string) (uint64, error) {
 	old := d.file
 	d.file = f
 	d.opts.Path = path
+	d.mediaRO = readOnly
 	d.sectors.Store(sectors)
 	if d.env != nil {
 		d.env.ConfigChanged()

@@ -188,3 +188,38 @@ func mkfifo(t *testing.T) string {
 	}
 	return p
 }
+
+// TestSetBackingModeReadOnly: a read-write slot given a read-only medium
+// (disk-set read_only: a raw block volume with permissions "r") fails
+// writes with IOERR and leaves the file unchanged; reads work; the next
+// read-write SetBacking accepts writes again.
+func TestSetBackingModeReadOnly(t *testing.T) {
+	d, dev, _ := newDisk(t, false)
+	roPath := writeImage(t, "ro.img", 16, 0x10)
+	if err := os.Chmod(roPath, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dev.SetBackingMode(roPath, true); err != nil {
+		t.Fatalf("read-only medium over a 0444 file: %v", err)
+	}
+	before, _ := os.ReadFile(roPath)
+	st, _ := request(d, blk.TypeOut, 0, make([]byte, 512), 0, false)
+	if s := status(d, st); s != blk.StatusIOErr {
+		t.Errorf("write to read-only medium: status %d, want IOERR", s)
+	}
+	if after, _ := os.ReadFile(roPath); !bytes.Equal(before, after) {
+		t.Error("read-only medium changed")
+	}
+	st, buf := request(d, blk.TypeIn, 2, nil, 512, false)
+	if status(d, st) != blk.StatusOK || d.Mem.Bytes(buf, 1)[0] != 0x12 {
+		t.Error("read from read-only medium failed")
+	}
+	rwPath := writeImage(t, "rw.img", 16, 0x20)
+	if _, err := dev.SetBackingMode(rwPath, false); err != nil {
+		t.Fatal(err)
+	}
+	st, _ = request(d, blk.TypeOut, 0, bytes.Repeat([]byte{0xab}, 512), 0, false)
+	if s := status(d, st); s != blk.StatusOK {
+		t.Errorf("write after re-pointing read-write: status %d", s)
+	}
+}

@@ -67,6 +67,9 @@ type Device struct {
 	// must not wait for a long request holding mu.
 	sectors atomic.Uint64
 	env     *virtio.Env
+	// mediaRO: the current backing was set read-only (SetBackingMode);
+	// writes fail with IOERR. Under mu.
+	mediaRO bool
 	buf     []byte
 }
 
@@ -235,7 +238,7 @@ func (d *Device) do(typ uint32, sector uint64, r *virtio.ChainReader, w *virtio.
 		}
 		return StatusOK
 	case TypeOut:
-		if d.opts.ReadOnly {
+		if d.opts.ReadOnly || d.mediaRO {
 			return StatusIOErr
 		}
 		n := r.Remaining()
@@ -256,7 +259,7 @@ func (d *Device) do(typ uint32, sector uint64, r *virtio.ChainReader, w *virtio.
 		}
 		return StatusOK
 	case TypeFlush:
-		if d.opts.ReadOnly {
+		if d.opts.ReadOnly || d.mediaRO {
 			return StatusOK
 		}
 		if err := d.file.Sync(); err != nil {
