@@ -244,7 +244,7 @@ func TestArgsParseWithTheRealVMM(t *testing.T) {
 
 type recordingTarget struct{ ops []string }
 
-func (r *recordingTarget) SetDisk(serial, path string) (*control.DiskSetResult, error) {
+func (r *recordingTarget) SetDisk(serial, path string, _ bool) (*control.DiskSetResult, error) {
 	if serial == "cube-slot-9" {
 		return nil, fmt.Errorf("set disk %q: no such disk", serial)
 	}

@@ -94,6 +94,9 @@ func (s *Sandbox) Rollback(ctx context.Context, o RollbackOptions) (RollbackStat
 	if o.What == "" {
 		o.What = "rollback to " + o.Dir
 	}
+	if err := s.refuseBlockVolumes(); err != nil {
+		return RollbackStats{}, err
+	}
 	end, err := s.beginOp(o.What)
 	if err != nil {
 		return RollbackStats{}, err

@@ -96,21 +96,23 @@ type Options struct {
 type Sandbox struct {
 	o Options
 
-	mu       sync.Mutex
-	state    State
-	agent    AgentClient
-	slots    []slot
-	stopping bool
-	frozen   bool          // Pause froze the guest's filesystems; Resume thaws them
-	op       *runningOp    // the snapshot (or rollback) in progress: one at a time
-	base     string        // the VM's last snapshot: the parent of its next incremental one
-	done     chan struct{} // closed after the VMM is gone and cleanup ran
-	exit     VMExit
-	unexpect bool
-	restore  *RestoreFrom // StartRestore's checkpoint
-	share    bool         // the VM has the virtio-fs share (share.go)
-	shareSeq int          // names of share entries: v1, v2, …
-	shared   []SharedDir  // host directories in the share now
+	mu    sync.Mutex
+	state State
+	agent AgentClient
+	slots []slot
+	// blockVols: raw block volumes attached through slots (blockvol.go).
+	blockVols []BlockVolume
+	stopping  bool
+	frozen    bool          // Pause froze the guest's filesystems; Resume thaws them
+	op        *runningOp    // the snapshot (or rollback) in progress: one at a time
+	base      string        // the VM's last snapshot: the parent of its next incremental one
+	done      chan struct{} // closed after the VMM is gone and cleanup ran
+	exit      VMExit
+	unexpect  bool
+	restore   *RestoreFrom // StartRestore's checkpoint
+	share     bool         // the VM has the virtio-fs share (share.go)
+	shareSeq  int          // names of share entries: v1, v2, …
+	shared    []SharedDir  // host directories in the share now
 }
 
 // RestoreFrom is a checkpoint StartRestore brings back instead of booting:

@@ -99,6 +99,9 @@ func (s *Sandbox) Snapshot(ctx context.Context, o SnapshotOptions) (SnapshotStat
 	if err := s.refuseShared(); err != nil {
 		return SnapshotStats{}, err
 	}
+	if err := s.refuseBlockVolumes(); err != nil {
+		return SnapshotStats{}, err
+	}
 	end, err := s.beginOp(o.What)
 	if err != nil {
 		return SnapshotStats{}, err

@@ -144,7 +144,7 @@ func (f *fakeTarget) InfoJSON() (json.RawMessage, error) {
 	return json.RawMessage(`{"state":"running"}`), nil
 }
 
-func (f *fakeTarget) SetDisk(serial, path string) (*control.DiskSetResult, error) {
+func (f *fakeTarget) SetDisk(serial, path string, _ bool) (*control.DiskSetResult, error) {
 	f.logf("disk-set %s %s\n", serial, path)
 	return &control.DiskSetResult{Serial: serial, Path: path}, nil
 }
