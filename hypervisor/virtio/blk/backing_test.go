@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/binary"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -221,5 +223,39 @@ func TestSetBackingModeReadOnly(t *testing.T) {
 	st, _ = request(d, blk.TypeOut, 0, bytes.Repeat([]byte{0xab}, 512), 0, false)
 	if s := status(d, st); s != blk.StatusOK {
 		t.Errorf("write after re-pointing read-write: status %d", s)
+	}
+}
+
+// TestSetBackingBlockDevice: a host block device (a loop device over a
+// file) as a slot's medium: its capacity is the device's size and a
+// read-only medium refuses writes. Needs root and losetup; skipped otherwise.
+func TestSetBackingBlockDevice(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a loop device")
+	}
+	losetup, err := exec.LookPath("losetup")
+	if err != nil {
+		t.Skip("no losetup")
+	}
+	img := writeImage(t, "loop.img", 64, 0x30)
+	out, err := exec.Command(losetup, "--find", "--show", img).Output()
+	if err != nil {
+		t.Skipf("losetup: %v", err)
+	}
+	loop := strings.TrimSpace(string(out))
+	t.Cleanup(func() { _ = exec.Command(losetup, "-d", loop).Run() })
+
+	d, dev, _ := newDisk(t, false)
+	n, err := dev.SetBackingMode(loop, true)
+	if err != nil || n != 64 {
+		t.Fatalf("loop device medium: %d sectors, %v; want 64", n, err)
+	}
+	st, buf := request(d, blk.TypeIn, 3, nil, 512, false)
+	if status(d, st) != blk.StatusOK || d.Mem.Bytes(buf, 1)[0] != 0x33 {
+		t.Error("read from the loop device failed")
+	}
+	st, _ = request(d, blk.TypeOut, 0, make([]byte, 512), 0, false)
+	if s := status(d, st); s != blk.StatusIOErr {
+		t.Errorf("write to a read-only loop medium: status %d, want IOERR", s)
 	}
 }
