@@ -16,11 +16,15 @@ import (
 // with json "Session,omitempty" keeps older snapshots loadable, so adding it
 // needs no snapshot.Version bump.
 type SessionState struct {
-	Initialized bool          `json:"Initialized"`
-	MaxWrite    uint32        `json:"MaxWrite"`
-	Flags       uint32        `json:"Flags"`
-	Nodes       []NodeState   `json:"Nodes"`
-	Handles     []HandleState `json:"Handles"`
+	Initialized bool   `json:"Initialized"`
+	MaxWrite    uint32 `json:"MaxWrite"`
+	Flags       uint32 `json:"Flags"`
+	// NextID and NextFh are the server's allocators: a restored server must
+	// not hand out an id or fh the guest still holds.
+	NextID  uint64        `json:"NextID"`
+	NextFh  uint64        `json:"NextFh"`
+	Nodes   []NodeState   `json:"Nodes"`
+	Handles []HandleState `json:"Handles"`
 }
 
 // NodeState is one inode-table entry.
@@ -62,6 +66,9 @@ func (s *SessionState) Validate() error {
 			return fmt.Errorf("%w: node id %d zero or repeated", errBadSession, n.ID)
 		}
 		ids[n.ID] = true
+		if n.ID >= s.NextID {
+			return fmt.Errorf("%w: node id %d not below the allocator's next id %d", errBadSession, n.ID, s.NextID)
+		}
 		if n.Lookups > maxSessionLookups {
 			return fmt.Errorf("%w: node %d lookup count %d", errBadSession, n.ID, n.Lookups)
 		}
@@ -75,6 +82,9 @@ func (s *SessionState) Validate() error {
 			return fmt.Errorf("%w: file handle %d repeated", errBadSession, h.FH)
 		}
 		fhs[h.FH] = true
+		if h.FH >= s.NextFh {
+			return fmt.Errorf("%w: file handle %d not below the allocator's next handle %d", errBadSession, h.FH, s.NextFh)
+		}
 		if !ids[h.Node] {
 			return fmt.Errorf("%w: file handle %d names unknown node %d", errBadSession, h.FH, h.Node)
 		}

@@ -8,7 +8,7 @@ import (
 )
 
 func TestSessionStateValidate(t *testing.T) {
-	good := SessionState{Initialized: true, MaxWrite: 1 << 20,
+	good := SessionState{Initialized: true, MaxWrite: 1 << 20, NextID: 3, NextFh: 3,
 		Nodes:   []NodeState{{ID: 1, Path: ""}, {ID: 2, Path: "a/b.txt", Lookups: 3}},
 		Handles: []HandleState{{FH: 1, Node: 2, Flags: 2}, {FH: 2, Node: 1, Dir: true}}}
 	if err := good.Validate(); err != nil {
@@ -25,6 +25,8 @@ func TestSessionStateValidate(t *testing.T) {
 		"dup fh":       func(s *SessionState) { s.Handles[1].FH = 1 },
 		"dangling fh":  func(s *SessionState) { s.Handles[0].Node = 99 },
 		"lookups":      func(s *SessionState) { s.Nodes[1].Lookups = 1 << 62 },
+		"id past next": func(s *SessionState) { s.NextID = 2 },
+		"fh past next": func(s *SessionState) { s.NextFh = 2 },
 		"huge count":   func(s *SessionState) { s.Handles = make([]HandleState, maxSessionHandles+1) },
 	}
 	for name, mut := range bad {
@@ -39,7 +41,7 @@ func TestSessionStateValidate(t *testing.T) {
 }
 
 func FuzzStateRestore(f *testing.F) {
-	f.Add([]byte(`{"Initialized":true,"Nodes":[{"ID":1,"Path":""},{"ID":2,"Path":"a"}],"Handles":[{"FH":1,"Node":2}]}`))
+	f.Add([]byte(`{"Initialized":true,"NextID":3,"NextFh":2,"Nodes":[{"ID":1,"Path":""},{"ID":2,"Path":"a"}],"Handles":[{"FH":1,"Node":2}]}`))
 	f.Add([]byte(`{"Nodes":[{"ID":2,"Path":"../x"}]}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var s SessionState
