@@ -230,6 +230,7 @@ fuzz-devices:
 	$(GO) test -run '^$$' -fuzz '^FuzzTxPacket$$' -fuzztime $(DEVICE_FUZZTIME) ./hypervisor/virtio/vsock/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConnect$$' -fuzztime $(DEVICE_FUZZTIME) ./hypervisor/virtio/vsock/
 	$(GO) test -run '^$$' -fuzz '^FuzzRequest$$' -fuzztime $(DEVICE_FUZZTIME) ./hypervisor/virtio/fs/
+	$(GO) test -run '^$$' -fuzz '^FuzzStateRestore$$' -fuzztime $(DEVICE_FUZZTIME) ./hypervisor/virtio/fs/
 # ---- end: PCI/virtio devices ----
 
 # ---- shim (containerd-shim-cube-v1) ----------------------------------------
