@@ -362,4 +362,13 @@ func TestRestoreAndFork(t *testing.T) {
 			t.Errorf("cube %v: no usage error", bad)
 		}
 	}
+	// A prefix that makes invalid ids ("bench-" → "bench--1") is refused
+	// naming the flag, before any snapshot is taken.
+	_, errOut = w.cube(t, ExitUsage, "fork", "c1", "-n", "1", "--prefix", "bench-")
+	if !strings.Contains(errOut, "--prefix") {
+		t.Errorf("fork --prefix bench-: %s, want the flag named", errOut)
+	}
+	if out, _ := w.cube(t, ExitOK, "snapshots", "ls", "-q"); strings.TrimSpace(out) != id {
+		t.Errorf("store after a refused fork: %q, want only %s", out, id)
+	}
 }

@@ -9,6 +9,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/containerd/containerd/v2/pkg/identifiers"
+
 	"github.com/cube-runtime/cube/checkpoint/clone"
 	"github.com/cube-runtime/cube/checkpoint/shimclient"
 	"github.com/cube-runtime/cube/checkpoint/snapshots"
@@ -141,6 +143,14 @@ func (r *runner) fork(ctx context.Context, args []string) int {
 		return r.usageError(cmd, fmt.Sprintf("want one CONTAINER, got %d arguments", len(pos)))
 	case *n < 1 || *n > clone.MaxClones:
 		return r.usageError(cmd, fmt.Sprintf("-n %d: want 1..%d clones", *n, clone.MaxClones))
+	}
+	// A prefix that makes no valid container id is refused before the
+	// temporary snapshot is taken (containerd would refuse each clone).
+	if *prefix != "" {
+		if err := identifiers.Validate(fmt.Sprintf("%s-%d", *prefix, *n)); err != nil {
+			return r.usageError(cmd, fmt.Sprintf("--prefix %q: the clones' ids %s-1 … %s-%d must be valid container ids (letters and digits, single '.', '_' or '-' between them, at most 76 characters): %v",
+				*prefix, *prefix, *prefix, *n, err))
+		}
 	}
 	if *prefix == "" {
 		var b [3]byte

@@ -214,9 +214,9 @@ func (r *apiBench) fork(src *cube.Sandbox, n int, cli func(...string) time.Durat
 			b.Errorf("kill clone %s: %v", it.Sandbox.ID, err)
 		}
 	}
-	prefix := fmt.Sprintf("bench-f%d-", n)
+	prefix := fmt.Sprintf("bench-f%d", n)
 	row.direct = append(row.direct, cli("fork", src.ID, "-n", strconv.Itoa(n), "--all-or-nothing", "--prefix", prefix))
-	for _, id := range r.d.containersWithPrefix(b, prefix) {
+	for _, id := range r.d.containersWithPrefix(b, prefix+"-") {
 		r.d.removeIn(b, apiNamespace, id)
 	}
 	return row
