@@ -27,7 +27,12 @@ func (d *Device) Serial() string { return d.opts.Serial }
 // Call with the transport paused.
 func (d *Device) ReplaceBacking() error {
 	path := d.Path()
-	f, sectors, err := openBacking(path, d.opts.ReadOnly)
+	// The medium keeps its mode: a read-only one (SetBackingMode) is
+	// reopened read-only too (a read-only block device refuses O_RDWR).
+	d.mu.Lock()
+	readOnly := d.opts.ReadOnly || d.mediaRO
+	d.mu.Unlock()
+	f, sectors, err := openBacking(path, readOnly)
 	if err != nil {
 		return fmt.Errorf("reopen: %w", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -226,9 +227,11 @@ func TestSetBackingModeReadOnly(t *testing.T) {
 	}
 }
 
-// TestSetBackingBlockDevice: a host block device (a loop device over a
-// file) as a slot's medium: its capacity is the device's size and a
-// read-only medium refuses writes. Needs root and losetup; skipped otherwise.
+// TestSetBackingBlockDevice: a host block device (a read-only loop device
+// over a file) as a slot's medium: its capacity is the device's size, a
+// read-only medium refuses writes, and ReplaceBacking (rollback) reopens it
+// read-only (the device refuses O_RDWR even to root). Needs root and
+// losetup; skipped otherwise.
 func TestSetBackingBlockDevice(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root for a loop device")
@@ -238,7 +241,7 @@ func TestSetBackingBlockDevice(t *testing.T) {
 		t.Skip("no losetup")
 	}
 	img := writeImage(t, "loop.img", 64, 0x30)
-	out, err := exec.Command(losetup, "--find", "--show", img).Output()
+	out, err := exec.Command(losetup, "--read-only", "--find", "--show", img).Output()
 	if err != nil {
 		t.Skipf("losetup: %v", err)
 	}
@@ -258,4 +261,40 @@ func TestSetBackingBlockDevice(t *testing.T) {
 	if s := status(d, st); s != blk.StatusIOErr {
 		t.Errorf("write to a read-only loop medium: status %d, want IOERR", s)
 	}
+	if err := dev.ReplaceBacking(); err != nil {
+		t.Fatalf("ReplaceBacking of a read-only medium: %v", err)
+	}
+	if modes := openModes(t, loop); len(modes) != 1 || modes[0] != syscall.O_RDONLY {
+		t.Errorf("after ReplaceBacking this process holds %s open with access modes %v, want one O_RDONLY", loop, modes)
+	}
+}
+
+// openModes returns the access mode (O_RDONLY, O_WRONLY, O_RDWR) of every
+// descriptor of this process open on path, read from /proc/self/fdinfo.
+func openModes(t *testing.T, path string) []int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var modes []int
+	for _, e := range ents {
+		if target, err := os.Readlink("/proc/self/fd/" + e.Name()); err != nil || target != path {
+			continue
+		}
+		info, err := os.ReadFile("/proc/self/fdinfo/" + e.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(info), "\n") {
+			if v, ok := strings.CutPrefix(line, "flags:"); ok {
+				flags, err := strconv.ParseInt(strings.TrimSpace(v), 8, 64)
+				if err != nil {
+					t.Fatalf("fdinfo %s: %q: %v", e.Name(), line, err)
+				}
+				modes = append(modes, int(flags)&syscall.O_ACCMODE)
+			}
+		}
+	}
+	return modes
 }
