@@ -144,20 +144,17 @@ func (r *runner) fork(ctx context.Context, args []string) int {
 	case *n < 1 || *n > clone.MaxClones:
 		return r.usageError(cmd, fmt.Sprintf("-n %d: want 1..%d clones", *n, clone.MaxClones))
 	}
-	// A prefix that makes no valid container id is refused before the
-	// temporary snapshot is taken (containerd would refuse each clone).
-	if *prefix != "" {
-		if err := identifiers.Validate(fmt.Sprintf("%s-%d", *prefix, *n)); err != nil {
-			return r.usageError(cmd, fmt.Sprintf("--prefix %q: the clones' ids %s-1 … %s-%d must be valid container ids (letters and digits, single '.', '_' or '-' between them, at most 76 characters): %v",
-				*prefix, *prefix, *prefix, *n, err))
-		}
-	}
 	if *prefix == "" {
 		var b [3]byte
 		if _, err := rand.Read(b[:]); err != nil {
 			return r.fail(cmd, err)
 		}
 		*prefix = pos[0] + "-fork-" + hex.EncodeToString(b[:])
+	} else if err := identifiers.Validate(fmt.Sprintf("%s-%d", *prefix, *n)); err != nil {
+		// Refused before the temporary snapshot is taken (containerd
+		// would refuse each clone).
+		return r.usageError(cmd, fmt.Sprintf("--prefix %q: the clones' ids %s-1 … %s-%d must be valid container ids (letters and digits, single '.', '_' or '-' between them, at most 76 characters): %v",
+			*prefix, *prefix, *prefix, *n, err))
 	}
 	forked, err := r.forkOf(ctx, pos[0], *n, *prefix, *all)
 	for _, w := range forked.Warnings {
