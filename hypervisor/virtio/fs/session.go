@@ -47,7 +47,6 @@ type HandleState struct {
 const (
 	maxSessionNodes   = 1 << 20
 	maxSessionHandles = 1 << 16
-	maxSessionPath    = 4096
 	maxSessionLookups = 1 << 40
 )
 
@@ -92,15 +91,15 @@ func (s *SessionState) Validate() error {
 	return nil
 }
 
-// validSessionPath accepts "" (the share root) or a relative path of plain
-// components: no leading '/', no "." or ".." component, no empty component,
-// no NUL, bounded length.
+// validSessionPath accepts "" (the share root) or a relative path whose
+// components are each a name LOOKUP would accept (validName): no leading
+// '/', no "." or ".." or empty component, no NUL, bounded length.
 func validSessionPath(p string) error {
 	if p == "" {
 		return nil
 	}
-	if len(p) > maxSessionPath {
-		return fmt.Errorf("path of %d bytes (limit %d)", len(p), maxSessionPath)
+	if len(p) > maxPath {
+		return fmt.Errorf("path of %d bytes (limit %d)", len(p), maxPath)
 	}
 	if strings.IndexByte(p, 0) >= 0 {
 		return errors.New("path contains NUL")
@@ -109,8 +108,8 @@ func validSessionPath(p string) error {
 		return fmt.Errorf("absolute path %q", p)
 	}
 	for _, c := range strings.Split(p, "/") {
-		if c == "" || c == "." || c == ".." {
-			return fmt.Errorf("path %q has component %q", p, c)
+		if validName(c) != 0 {
+			return fmt.Errorf("path %q has component %q (not a name: empty, \".\", \"..\" or over %d bytes)", p, c, maxName)
 		}
 	}
 	return nil

@@ -19,7 +19,7 @@ func TestSessionStateValidate(t *testing.T) {
 		"inner dotdot": func(s *SessionState) { s.Nodes[1].Path = "a/../../x" },
 		"absolute":     func(s *SessionState) { s.Nodes[1].Path = "/etc/passwd" },
 		"nul":          func(s *SessionState) { s.Nodes[1].Path = "a\x00b" },
-		"long":         func(s *SessionState) { s.Nodes[1].Path = strings.Repeat("a", maxSessionPath+1) },
+		"long":         func(s *SessionState) { s.Nodes[1].Path = strings.Repeat("a", maxPath+1) },
 		"dup node":     func(s *SessionState) { s.Nodes[1].ID = 1 },
 		"zero node":    func(s *SessionState) { s.Nodes[1].ID = 0 },
 		"dup fh":       func(s *SessionState) { s.Handles[1].FH = 1 },
