@@ -59,15 +59,23 @@ const (
 )
 
 // startAPI starts cube-api on a free loopback port and waits for /health;
-// the returned function stops it (SIGTERM, graceful).
+// the returned function stops it (SIGTERM, graceful). Its sandboxes run
+// cubetest.CounterScript.
 func (d *daemons) startAPI(t testing.TB, addr string) func() {
+	t.Helper()
+	return d.startAPIWith(t, addr, cubetest.CounterScript)
+}
+
+// startAPIWith is startAPI with sandboxes running the shell command line
+// command.
+func (d *daemons) startAPIWith(t testing.TB, addr, command string) func() {
 	t.Helper()
 	conf := filepath.Join(d.Dir, "api.toml")
 	cniConf, cniCache := filepath.Join(d.Dir, "cni"), filepath.Join(d.Dir, "cni-cache")
 	os.MkdirAll(cniConf, 0o755)
 	os.WriteFile(filepath.Join(cniConf, apiNetName+".conflist"), fmt.Appendf(nil, apiNetConf, filepath.Join(cniCache, "ipam")), 0o644)
 	os.WriteFile(conf, fmt.Appendf(nil, apiConfig, addr, apiKey, d.Dir+"/containerd.sock", d.Dir+"/state",
-		apiNamespace, d.StoreRoot(), cubetest.CounterScript, apiNetName, cniConf, cniCache, cubetest.CNIBinDir, cubetest.CubeBin), 0o644)
+		apiNamespace, d.StoreRoot(), command, apiNetName, cniConf, cniCache, cubetest.CNIBinDir, cubetest.CubeBin), 0o644)
 	logPath := filepath.Join(d.Dir, "api.log")
 	lf, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {

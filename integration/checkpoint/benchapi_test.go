@@ -29,7 +29,9 @@ func BenchmarkCubeAPI(b *testing.B) {
 	defer cancel()
 	d.importForAPI(b, ctx)
 	addr := freeAddr(b)
-	d.startAPI(b, addr)
+	// Idle sandboxes (idleCommand): ten busy ones would measure the test
+	// host's CPU, not the creates and forks.
+	d.startAPIWith(b, addr, idleCommand)
 	c := &cube.Client{URL: "http://" + addr, APIKey: apiKey}
 	for b.Loop() {
 		var out strings.Builder
