@@ -69,26 +69,29 @@ func (s *Server) Restore(ss *SessionState) error {
 	if root == nil {
 		return fmt.Errorf("virtio-fs share %s: the server is closed", s.root)
 	}
-	inodes, byKey := s.reopenNodes(root, ss.Nodes)
+	inodes, byKey, rootLookups := s.reopenNodes(root, ss.Nodes)
 	handles := s.reopenHandles(inodes, ss.Handles)
 	// Ordering: the old session's fds are closed only once the new one is
-	// built (nothing above can fail), and reset keeps the root's fd.
+	// built (nothing above can fail), and reset keeps the root's fd (and
+	// sets its count to 1: the saved one is set after).
 	s.reset()
 	s.inodes, s.byKey, s.handles = inodes, byKey, handles
+	root.lookup = rootLookups
 	s.nextID, s.nextFh = ss.NextID, ss.NextFh
 	s.mounted, s.initFlags = true, ss.Flags&(initAsyncRead|initBigWrites|initMaxPages|initParallelOp)
 	return nil
 }
 
-// reopenNodes builds an inode table from a validated session's nodes.
-func (s *Server) reopenNodes(root *inode, nodes []NodeState) (map[uint64]*inode, map[inodeKey]uint64) {
+// reopenNodes builds an inode table from a validated session's nodes, and
+// says the root's lookup count.
+func (s *Server) reopenNodes(root *inode, nodes []NodeState) (map[uint64]*inode, map[inodeKey]uint64, uint64) {
 	inodes := make(map[uint64]*inode, len(nodes)+1)
 	byKey := make(map[inodeKey]uint64, len(nodes)+1)
-	root.lookup = 1
+	rootLookups := uint64(1)
 	inodes[rootID], byKey[root.key] = root, rootID
 	for _, ns := range nodes {
 		if ns.ID == rootID {
-			root.lookup = max(ns.Lookups, 1)
+			rootLookups = max(ns.Lookups, 1)
 			continue
 		}
 		n := &inode{fd: -1, lookup: ns.Lookups, unlinked: true}
@@ -111,7 +114,7 @@ func (s *Server) reopenNodes(root *inode, nodes []NodeState) (map[uint64]*inode,
 			byKey[n.key] = ns.ID
 		}
 	}
-	return inodes, byKey
+	return inodes, byKey, rootLookups
 }
 
 // reopenHandles re-opens a validated session's handles on the new nodes,

@@ -270,10 +270,13 @@ func TestSessionRestoreHostile(t *testing.T) {
 		t.Fatal(err)
 	}
 	ss := &SessionState{Initialized: true, NextID: 10, NextFh: 10,
-		Nodes: []NodeState{{ID: 1}, {ID: 2, Path: "esc/secret", Lookups: 1}, {ID: 3, Path: "esc", Lookups: 1},
+		Nodes: []NodeState{{ID: 1, Lookups: 5}, {ID: 2, Path: "esc/secret", Lookups: 1}, {ID: 3, Path: "esc", Lookups: 1},
 			{ID: 4, Path: "f", Lookups: 1}},
 		Handles: []HandleState{{FH: 1, Node: 2}, {FH: 2, Node: 3}, {FH: 3, Node: 4, Flags: unix.O_RDWR}, {FH: 4, Node: 4}}}
 	r := restored(t, share, true, ss)
+	if n := r.s.inodes[rootID].lookup; n != 5 {
+		t.Errorf("the root's lookup count after the restore: %d, saved 5", n)
+	}
 	if e := r.getattr(2); e != unix.ESTALE {
 		t.Errorf("a node through a symlink: %v, want ESTALE", e)
 	}

@@ -60,6 +60,10 @@ const (
 	maxSessionHandles = MaxHandles
 	maxSessionLookups = 1 << 40
 	maxSessionNext    = 1 << 62
+	// maxSessionComponents bounds the path components a restore opens
+	// (one openat2 each): a hostile session of MaxInodes paths of maxPath
+	// bytes would otherwise cost tens of millions.
+	maxSessionComponents = 1 << 21
 )
 
 // errBadSession classes every refusal of a snapshot's session (as
@@ -76,7 +80,11 @@ func (s *SessionState) Validate() error {
 		return fmt.Errorf("%w: allocators next id %d, next handle %d (want 2..2^62 and 1..2^62)", errBadSession, s.NextID, s.NextFh)
 	}
 	ids := make(map[uint64]bool, len(s.Nodes))
+	components := 0
 	for _, n := range s.Nodes {
+		if components += strings.Count(n.Path, "/") + 1; components > maxSessionComponents {
+			return fmt.Errorf("%w: more than %d path components in all", errBadSession, maxSessionComponents)
+		}
 		if n.ID == 0 || ids[n.ID] {
 			return fmt.Errorf("%w: node id %d zero or repeated", errBadSession, n.ID)
 		}

@@ -43,6 +43,13 @@ func TestSessionStateValidate(t *testing.T) {
 		"next fh zero": func(s *SessionState) { s.NextFh, s.Handles = 0, nil },
 		"open flags":   func(s *SessionState) { s.Handles[0].Flags = unix.O_PATH },
 		"accmode 3":    func(s *SessionState) { s.Handles[0].Flags = unix.O_ACCMODE },
+		"components": func(s *SessionState) {
+			deep := strings.Repeat("a/", maxPath/2-1) + "a"
+			s.NextID = MaxInodes + 2
+			for id := uint64(3); id < MaxInodes+2; id++ {
+				s.Nodes = append(s.Nodes, NodeState{ID: id, Path: deep, Lookups: 1})
+			}
+		},
 	}
 	for name, mut := range bad {
 		s := good
