@@ -147,7 +147,7 @@ func TestCRIPodVolumes(t *testing.T) {
 	// The container holds /hp/keep open (fd 3, never read before the snapshot, so nothing of it is in the
 	// guest's page cache) and, each time the host makes /hp/go, copies what fd 3 reads to /hp/held-read.
 	hpScript := "echo from-the-guest > /hp/g; exec 3</hp/keep; " +
-		"while true; do if [ -e /hp/go ]; then rm /hp/go; cat <&3 > /hp/held-read; fi; sleep 1; done"
+		"while true; do if [ -e /hp/go ]; then busybox rm /hp/go; cat <&3 > /hp/held-read; fi; sleep 1; done"
 	os.WriteFile(cj, fmt.Appendf(nil, hpConfig, "hostpath", cubetest.ImageRef, hpScript, hostPath, hostRO), 0o644)
 	// CRI makes the task (where the shim sees the spec) at start.
 	out, err = c.crictl("create", pod, cj, podJSON)
@@ -259,7 +259,7 @@ func checkPodRollbackWithShares(t *testing.T, c *criEnv, cacheCtr, hpCtr, hostPa
 		}
 	}
 	// emptyDir (in the VM): back to the snapshot.
-	execUntil(cacheCtr, "the emptyDir after the rollback", "cat /cache/shared; ls /cache/after 2>/dev/null || echo no-after",
+	execUntil(cacheCtr, "the emptyDir after the rollback", "cat /cache/shared; [ -e /cache/after ] && echo has-after || echo no-after",
 		"from-the-writer\nno-after")
 	// hostPath: the host's contents, both sides' writes since the snapshot included.
 	execUntil(hpCtr, "the hostPath after the rollback", "cat /hp/g /hp/guest-after /hp/host-after", "from-the-guest\nguest-after\nhost-after")
