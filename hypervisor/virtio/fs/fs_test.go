@@ -147,3 +147,43 @@ func TestOpenRefusesBadTag(t *testing.T) {
 		t.Errorf("missing directory accepted")
 	}
 }
+
+// TestDeviceRollbackInPlace: a mounted share's device and transport states
+// restored onto the same, active device (an in-place rollback: the
+// transport's restore resets and re-activates the device after the device's
+// own restore) keep the guest's session: the looked-up node still answers.
+func TestDeviceRollbackInPlace(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "hello"), []byte("hi"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, dev := openShare(t, dir)
+	initIn := make([]byte, 64)
+	binary.LittleEndian.PutUint32(initIn[0:], 7)
+	binary.LittleEndian.PutUint32(initIn[4:], 38)
+	roundTrip(t, d, 1, req(26, 0, 1, initIn), 16+64)
+	r := roundTrip(t, d, 1, req(1, 1, 2, []byte("hello\x00")), 16+128)
+	node := binary.LittleEndian.Uint64(r[16:])
+	d.Tr.Pause()
+	trState := d.Tr.State()
+	devState, err := dev.SaveState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dev.RestoreState(devState); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Tr.Restore(trState); err != nil {
+		t.Fatal(err)
+	}
+	d.Tr.Resume()
+	r = roundTrip(t, d, 1, req(3, node, 3, make([]byte, 16)), 16+104)
+	if len(r) != 120 || binary.LittleEndian.Uint32(r[4:]) != 0 {
+		t.Fatalf("GETATTR of node %d after an in-place rollback: errno %d (%d bytes)", node, int32(binary.LittleEndian.Uint32(r[4:])), len(r))
+	}
+	// A reset by the guest afterwards ends the session as before.
+	dev.Reset()
+	if dev.Server().Mounted() {
+		t.Errorf("a guest reset after the rollback kept the session")
+	}
+}

@@ -51,6 +51,9 @@ func (d *Device) Restore(s State) error {
 	if err := d.srv.Restore(s.Session); err != nil {
 		return fmt.Errorf("restore virtio-fs %s: %w", d.opts.Tag, err)
 	}
+	d.mu.Lock()
+	d.restored = true // the transport's restore resets and re-activates the device next (Reset)
+	d.mu.Unlock()
 	return nil
 }
 
