@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cube-runtime/cube/checkpoint/store"
 	"github.com/cube-runtime/cube/integration/cubetest"
 	"github.com/cube-runtime/cube/shim/volume/volumetest"
 )
@@ -37,7 +38,9 @@ const criVolumeContainerConfig = `{
 // of the configMap reaches the guest while the pod runs; a hostPath
 // directory is shared through virtio-fs both ways (read-only refuses
 // writes), a host socket is refused naming it, and removing the pod leaves
-// the host directories' files in place.
+// the host directories' files in place. With the hostPath shared and a
+// file of it held open, the pod's VM is snapshotted and rolled back in place
+// (checkPodRollbackWithShares).
 func TestCRIPodVolumes(t *testing.T) {
 	c := startCRI(t)
 	podDir := filepath.Join(c.Dir, "kubelet", "pods", "0c9e7a52-5b1d-4f0e-9d3c-2a7b6e8f1d40")
@@ -82,6 +85,7 @@ func TestCRIPodVolumes(t *testing.T) {
 	}
 	createStart("writer", "echo from-the-writer > /cache/shared; exec sleep 100000")
 	reader := createStart("reader", "exec sleep 100000")
+	cacheReader := reader
 
 	// execUntil runs sh -c script in the reader until its output is want.
 	execUntil := func(what, script, want string, limit time.Duration) bool {
@@ -136,10 +140,15 @@ func TestCRIPodVolumes(t *testing.T) {
 		}
 	}
 	os.WriteFile(filepath.Join(hostRO, "fixed"), []byte("from-the-host-ro\n"), 0o644)
+	os.WriteFile(filepath.Join(hostPath, "keep"), []byte("kept-open\n"), 0o644)
 	hpConfig := strings.Replace(criVolumeContainerConfig, `"container_path": "/cache"`, `"container_path": "/hp"`, 1)
 	hpConfig = strings.Replace(hpConfig, `"container_path": "/etc/cfg"`, `"container_path": "/hpro"`, 1)
 	cj := filepath.Join(c.Dir, "hp.json")
-	os.WriteFile(cj, fmt.Appendf(nil, hpConfig, "hostpath", cubetest.ImageRef, "echo from-the-guest > /hp/g; exec sleep 100000", hostPath, hostRO), 0o644)
+	// The container holds /hp/keep open (fd 3, never read before the snapshot, so nothing of it is in the
+	// guest's page cache) and, each time the host makes /hp/go, copies what fd 3 reads to /hp/held-read.
+	hpScript := "echo from-the-guest > /hp/g; exec 3</hp/keep; " +
+		"while true; do if [ -e /hp/go ]; then busybox rm /hp/go; cat <&3 > /hp/held-read; fi; sleep 1; done"
+	os.WriteFile(cj, fmt.Appendf(nil, hpConfig, "hostpath", cubetest.ImageRef, hpScript, hostPath, hostRO), 0o644)
 	// CRI makes the task (where the shim sees the spec) at start.
 	out, err = c.crictl("create", pod, cj, podJSON)
 	if err != nil {
@@ -159,6 +168,8 @@ func TestCRIPodVolumes(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(hostRO, "new")); err == nil {
 		t.Errorf("the read-only hostPath got a file from the guest")
 	}
+
+	checkPodRollbackWithShares(t, c, cacheReader, hp, hostPath)
 
 	// A volume the shim cannot serve: a host socket, refused naming it.
 	sock := filepath.Join(c.Dir, "hp.sock")
@@ -201,4 +212,63 @@ func waitHostFile(t *testing.T, p, want string) {
 		}
 	}
 	t.Errorf("host file %s: %q %v, want %q", p, got, err, want)
+}
+
+// checkPodRollbackWithShares snapshots the pod's VM with a hostPath shared
+// through virtio-fs (cube snapshot), writes into the emptyDir from the guest
+// and into the hostPath from the guest and the host, and rolls the VM back
+// in place (cube rollback): the emptyDir (in the VM) is back to the
+// snapshot, the hostPath keeps the host's contents (it is not rolled back),
+// and the file the hostPath container held open across the rollback still
+// reads through the same descriptor.
+func checkPodRollbackWithShares(t *testing.T, c *criEnv, cacheCtr, hpCtr, hostPath string) {
+	t.Helper()
+	cube := func(args ...string) (string, error) {
+		global := []string{"--address", c.Dir + "/containerd.sock", "--namespace", "k8s.io", "--state", c.Dir + "/state",
+			"--store-root", store.RootBeside(c.Dir + "/snaproot")}
+		return c.Run(cubetest.CubeBin, append(global, args...)...)
+	}
+	exec := func(ctr, script string) {
+		t.Helper()
+		if out, err := c.crictl("exec", "-s", ctr, "sh", "-c", script); err != nil {
+			t.Errorf("exec %q in %s: %q %v", script, ctr, out, err)
+		}
+	}
+	if out, err := cube("snapshot", hpCtr, "--name", "vol-snap", "--json"); err != nil {
+		t.Fatalf("snapshot of the pod's VM with a hostPath shared: %v\n%s", err, out)
+	}
+	exec(cacheCtr, "echo after-the-snapshot > /cache/after")
+	exec(hpCtr, "echo guest-after > /hp/guest-after")
+	waitHostFile(t, filepath.Join(hostPath, "guest-after"), "guest-after\n")
+	os.WriteFile(filepath.Join(hostPath, "host-after"), []byte("host-after\n"), 0o644)
+	if out, err := cube("rollback", hpCtr, "vol-snap", "--json"); err != nil {
+		t.Fatalf("rollback of the pod's VM with a hostPath shared: %v\n%s", err, out)
+	}
+	execUntil := func(ctr, what, script, want string) {
+		t.Helper()
+		var got string
+		var err error
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(500 * time.Millisecond) {
+			got, err = c.crictl("exec", "-s", ctr, "sh", "-c", script)
+			if err == nil && strings.TrimSpace(got) == want || time.Now().After(deadline) {
+				break
+			}
+		}
+		if err != nil || strings.TrimSpace(got) != want {
+			t.Errorf("%s: %q %v, want %q", what, got, err, want)
+		}
+	}
+	// emptyDir (in the VM): back to the snapshot.
+	execUntil(cacheCtr, "the emptyDir after the rollback", "cat /cache/shared; [ -e /cache/after ] && echo has-after || echo no-after",
+		"from-the-writer\nno-after")
+	// hostPath: the host's contents, both sides' writes since the snapshot included.
+	execUntil(hpCtr, "the hostPath after the rollback", "cat /hp/g /hp/guest-after /hp/host-after", "from-the-guest\nguest-after\nhost-after")
+	for _, f := range []string{"guest-after", "host-after", "g", "keep"} {
+		if _, err := os.Stat(filepath.Join(hostPath, f)); err != nil {
+			t.Errorf("host file after the rollback: %v", err)
+		}
+	}
+	// The file held open across the rollback reads through the same descriptor.
+	os.WriteFile(filepath.Join(hostPath, "go"), nil, 0o644)
+	waitHostFile(t, filepath.Join(hostPath, "held-read"), "kept-open\n")
 }

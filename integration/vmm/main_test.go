@@ -209,11 +209,18 @@ virtiofs)
 	echo "ESC_ABS=$(cat /mnt/esc-abs 2>/dev/null || echo refused)"
 	echo "ESC_DOTDOT=$(cat /mnt/../outside/secret 2>/dev/null || echo refused)"
 	echo "ESC_WRITE=$( (echo pwned >/mnt/esc-rel) 2>/dev/null && echo written || echo refused)"
-	# Snapshots: the host tries one now (refused: mounted), then creates go in the share; the guest
-	# unmounts and the host snapshots again (allowed), then stops the VM.
+	# Snapshots while mounted: the guest holds host.txt open (fd 3) and waits; the host snapshots, writes
+	# host-after.txt in the share, rolls the VM back in place to the snapshot and creates go. The rolled-back
+	# guest reads through the fd it held, sees the host's file (the share is not rolled back), unmounts, and
+	# the host snapshots again (unmounted), then stops the VM.
+	exec 3</mnt/host.txt
 	echo "MOUNTED_WAITING=1"
 	n=0
 	while [ ! -e /mnt/go ] && [ $n -lt 300 ]; do sleep 1; n=$((n+1)); done
+	echo "HELD_READ=$(cat <&3)"
+	exec 3<&-
+	echo "HOST_AFTER=$(cat /mnt/host-after.txt 2>&1)"
+	echo "REREAD=$(cat /mnt/host.txt 2>&1)"
 	if umount /mnt; then echo "UMOUNT=ok"; else echo "UMOUNT=failed"; fi
 	echo "UNMOUNTED_WAITING=1"
 	sleep 600

@@ -137,6 +137,10 @@ type RestoreFrom struct {
 	// interface to the new MAC and address (a restored or forked sandbox
 	// has its own; nothing of the source's network identity stays).
 	NICMACs []string
+	// Shares bind the new container's host directories at the share
+	// entries the snapshot recorded (SharesName: same Name, the new Host);
+	// every recorded entry must be given (sharerec.go).
+	Shares []ShareRecord
 }
 
 // StartRestore restores the VM from r instead of booting it (memory mapped
@@ -279,6 +283,17 @@ func (s *Sandbox) Start(ctx context.Context, firstImage, firstOwner string) (ret
 	s.mu.Lock()
 	s.share = share
 	s.mu.Unlock()
+	if share && s.o.Template != "" {
+		// Ordering: the snapshot's share entries are bound before cube-vmm
+		// restores and re-opens the guest's FUSE session below them.
+		var binds []ShareRecord
+		if s.restore != nil {
+			binds = s.restore.Shares
+		}
+		if err := s.bindRestoredShares(s.o.Template, binds); err != nil {
+			return err
+		}
+	}
 	// Ordering: the network is attached before the VMM starts (it inherits
 	// the taps) and configured in the guest before Start returns, so before
 	// the first container exists.

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
@@ -77,10 +76,23 @@ func snapshotHasShare(dir string) (bool, error) {
 	return slices.ContainsFunc(cfg.FS, func(f struct{ Tag string }) bool { return f.Tag == ShareTag }), nil
 }
 
-// ShareHostDir shares the host directory src with the guest (read-only on
-// the host when ro) and returns its guest path. ref names the use in
-// errors. Release it with UnshareHostDir(guest path).
-func (s *Sandbox) ShareHostDir(ctx context.Context, src string, ro bool, ref string) (string, error) {
+// ShareRequest is one host directory to share with the guest.
+type ShareRequest struct {
+	// Source is the host directory; ReadOnly binds it read-only on the
+	// host too.
+	Source   string
+	ReadOnly bool
+	// Ref names the use in errors ("hostPath volume \"data\" at /data").
+	Ref string
+	// Container and Destination are the container and its mount point: a
+	// restore of a snapshot re-binds each share by its Destination in the
+	// new container's spec (SharesName).
+	Container, Destination string
+}
+
+// ShareHostDir shares r's host directory with the guest and returns its
+// guest path. Release it with UnshareHostDir(guest path).
+func (s *Sandbox) ShareHostDir(ctx context.Context, r ShareRequest) (string, error) {
 	s.mu.Lock()
 	has, agent := s.share, s.agent
 	s.shareSeq++
@@ -88,28 +100,35 @@ func (s *Sandbox) ShareHostDir(ctx context.Context, src string, ro bool, ref str
 	s.mu.Unlock()
 	if !has {
 		return "", fmt.Errorf("%s: this sandbox's VM has no virtio-fs share (it was restored from a snapshot made without one); start it from a cold boot or a newer template: %w",
-			ref, errdefs.ErrFailedPrecondition)
+			r.Ref, errdefs.ErrFailedPrecondition)
 	}
 	if agent == nil {
-		return "", fmt.Errorf("%s: sandbox %s has no agent: %w", ref, s.o.ID, errdefs.ErrFailedPrecondition)
+		return "", fmt.Errorf("%s: sandbox %s has no agent: %w", r.Ref, s.o.ID, errdefs.ErrFailedPrecondition)
 	}
 	target := filepath.Join(s.shareDir(), name)
-	if err := bindHostDir(src, target, ro); err != nil {
-		return "", fmt.Errorf("%s: share host directory %s with the VM: %w", ref, src, err)
+	if err := bindHostDir(r.Source, target, r.ReadOnly); err != nil {
+		return "", fmt.Errorf("%s: share host directory %s with the VM: %w", r.Ref, r.Source, err)
 	}
 	// Idempotent: the agent mounts the share at its first use.
 	if err := agent.PrepareVolume(ctx, VolumeRequest{Path: GuestShareRoot, Mode: 0o755, VirtiofsTag: ShareTag}); err != nil {
 		_ = unbindHostDir(target)
-		return "", fmt.Errorf("%s: mount the virtio-fs share in the VM: %w", ref, err)
+		return "", fmt.Errorf("%s: mount the virtio-fs share in the VM: %w", r.Ref, err)
 	}
 	s.mu.Lock()
-	s.shared = append(s.shared, SharedDir{Guest: path.Join(GuestShareRoot, name), Host: src, Ref: ref})
+	s.shared = append(s.shared, SharedDir{Guest: path.Join(GuestShareRoot, name), Host: r.Source, Ref: r.Ref,
+		Name: name, ReadOnly: r.ReadOnly, Container: r.Container, Destination: r.Destination})
 	s.mu.Unlock()
 	return path.Join(GuestShareRoot, name), nil
 }
 
-// SharedDir is a host directory in the sandbox's share.
-type SharedDir struct{ Guest, Host, Ref string }
+// SharedDir is a host directory in the sandbox's share: its entry Name
+// ("v1") in the share, its guest path, the host directory, and the use.
+type SharedDir struct {
+	Guest, Host, Ref       string
+	Name                   string
+	ReadOnly               bool
+	Container, Destination string
+}
 
 // SharedDirs lists the host directories shared now.
 func (s *Sandbox) SharedDirs() []SharedDir {
@@ -199,22 +218,4 @@ func ReleaseShareDir(dir string) error {
 		}
 	}
 	return os.Remove(sd)
-}
-
-// refuseShared refuses a snapshot while host directories are shared: the
-// guest's FUSE session (node ids, open files) cannot be carried by a
-// snapshot yet (cube-vmm refuses one while the share is mounted), and the
-// host directories would not roll back anyway. Names the volumes.
-func (s *Sandbox) refuseShared() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.shared) == 0 {
-		return nil
-	}
-	names := make([]string, len(s.shared))
-	for i, d := range s.shared {
-		names[i] = d.Ref
-	}
-	return fmt.Errorf("sandbox %s: %s shared with the VM through virtio-fs: a snapshot (or rollback point) of a VM with host directories mounted is not supported yet (the guest's FUSE session cannot be saved); delete the containers that mount them first: %w",
-		s.o.ID, strings.Join(names, ", "), errdefs.ErrFailedPrecondition)
 }

@@ -96,9 +96,6 @@ func (s *Sandbox) Snapshot(ctx context.Context, o SnapshotOptions) (SnapshotStat
 	if o.What == "" {
 		o.What = "snapshot into " + o.Dir
 	}
-	if err := s.refuseShared(); err != nil {
-		return SnapshotStats{}, err
-	}
 	if err := s.refuseBlockVolumes(); err != nil {
 		return SnapshotStats{}, err
 	}
@@ -112,7 +109,13 @@ func (s *Sandbox) Snapshot(ctx context.Context, o SnapshotOptions) (SnapshotStat
 	if st.Sync, err = s.syncForSnapshot(ctx); err != nil {
 		return SnapshotStats{}, err
 	}
+	// The shares as the guest knows them now: cube-vmm saves its FUSE
+	// session below them, a restore re-binds them (sharerec.go).
+	shares := s.shareRecords()
 	res, err := s.o.VMM.Snapshot(ctx, o.Dir, o.Incremental)
+	if err == nil {
+		err = writeShares(o.Dir, shares)
+	}
 	s.mu.Lock()
 	if err != nil {
 		s.base = ""

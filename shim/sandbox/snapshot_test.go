@@ -3,6 +3,7 @@ package sandbox_test
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -103,5 +104,45 @@ func TestSnapshotFailureForgetsTheBase(t *testing.T) {
 	sb.Stop(ctx)
 	if _, err := sb.Snapshot(ctx, sandbox.SnapshotOptions{Dir: filepath.Join(dir, "c")}); !errdefs.IsFailedPrecondition(err) {
 		t.Fatalf("snapshot of a stopped sandbox: %v", err)
+	}
+}
+
+// A snapshot of a sandbox with a host directory shared is taken (cube-vmm
+// carries the guest's FUSE session) and records the share beside the VM
+// snapshot, for a restore to re-bind.
+func TestSnapshotRecordsShares(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to bind-mount (the root tier runs it)")
+	}
+	sb, _, _ := startFake(t)
+	ctx := context.Background()
+	src := t.TempDir()
+	guest, err := sb.ShareHostDir(ctx, sandbox.ShareRequest{Source: src, ReadOnly: true, Ref: "host directory " + src + " at /data",
+		Container: "c1", Destination: "/data"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "snap")
+	if _, err := sb.Snapshot(ctx, sandbox.SnapshotOptions{Dir: dir}); err != nil {
+		t.Fatalf("snapshot with a host directory shared: %v", err)
+	}
+	recs, err := sandbox.ReadShares(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := sandbox.ShareRecord{Name: "v1", Host: src, ReadOnly: true, Container: "c1", Destination: "/data", Ref: "host directory " + src + " at /data"}
+	if len(recs) != 1 || recs[0] != want || guest != "/run/cube/shared/v1" {
+		t.Fatalf("recorded %+v (guest %s), want %+v", recs, guest, want)
+	}
+	// Unshared, the next snapshot records nothing.
+	if err := sb.UnshareHostDir(guest); err != nil {
+		t.Fatal(err)
+	}
+	dir2 := filepath.Join(t.TempDir(), "snap2")
+	if _, err := sb.Snapshot(ctx, sandbox.SnapshotOptions{Dir: dir2}); err != nil {
+		t.Fatal(err)
+	}
+	if recs, err := sandbox.ReadShares(dir2); err != nil || recs != nil {
+		t.Errorf("snapshot without shares records %+v, %v", recs, err)
 	}
 }

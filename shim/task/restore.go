@@ -201,6 +201,10 @@ func (s *Service) createFromCheckpoint(ctx context.Context, req *taskAPI.CreateT
 	if err != nil {
 		return nil, err
 	}
+	shares, sharedGuest, err := restoreShares(vm, req.ID, spec)
+	if err != nil {
+		return nil, err
+	}
 
 	s.bootMu.Lock()
 	defer s.bootMu.Unlock()
@@ -230,7 +234,7 @@ func (s *Service) createFromCheckpoint(ctx context.Context, req *taskAPI.CreateT
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", req.ID, err)
 	}
-	if err := sb.StartRestore(ctx, sandbox.RestoreFrom{Dir: vm, Slots: plan.slots, RootfsSerial: plan.rootfsSerial, RootfsImage: image, Owner: req.ID, NICMACs: plan.nicMACs}); err != nil {
+	if err := sb.StartRestore(ctx, sandbox.RestoreFrom{Dir: vm, Slots: plan.slots, RootfsSerial: plan.rootfsSerial, RootfsImage: image, Owner: req.ID, NICMACs: plan.nicMACs, Shares: shares}); err != nil {
 		return nil, fmt.Errorf("restore %s from %s: %w", req.ID, vm, err)
 	}
 	s.mu.Lock()
@@ -257,7 +261,8 @@ func (s *Service) createFromCheckpoint(ctx context.Context, req *taskAPI.CreateT
 	if err := sb.Pause(ctx); err != nil {
 		return nil, fmt.Errorf("restore %s: keep the restored VM paused until start: %w", req.ID, err)
 	}
-	c := &container{id: req.ID, bundle: req.Bundle, rootfs: image, stdio: uris, init: p, execs: map[string]*execProc{}}
+	c := &container{id: req.ID, bundle: req.Bundle, rootfs: image, stdio: uris, init: p, execs: map[string]*execProc{},
+		volumes: volumeUse{shared: sharedGuest}}
 	s.mu.Lock()
 	s.containers[req.ID] = c
 	s.mu.Unlock()

@@ -75,7 +75,7 @@ type volumeUse struct {
 
 // hostShares shares host directories with the VM (sandbox.Sandbox).
 type hostShares interface {
-	ShareHostDir(ctx context.Context, src string, ro bool, ref string) (string, error)
+	ShareHostDir(ctx context.Context, r sandbox.ShareRequest) (string, error)
 	UnshareHostDir(guest string) error
 }
 
@@ -178,7 +178,8 @@ func sharedDirMount(ctx context.Context, m *specs.Mount, v volume.Path, env spec
 		return fmt.Errorf("%s: no sandbox VM to share it with: %w", ref, errdefs.ErrFailedPrecondition)
 	}
 	ro := slices.Contains(m.Options, "ro")
-	dst, err := env.shares.ShareHostDir(ctx, m.Source, ro, ref)
+	dst, err := env.shares.ShareHostDir(ctx, sandbox.ShareRequest{Source: m.Source, ReadOnly: ro, Ref: ref,
+		Container: env.containerID, Destination: path.Clean(m.Destination)})
 	if err != nil {
 		return err
 	}

@@ -253,11 +253,14 @@ type fakeShares struct {
 	err   error
 }
 
-func (f *fakeShares) ShareHostDir(_ context.Context, src string, ro bool, ref string) (string, error) {
+func (f *fakeShares) ShareHostDir(_ context.Context, r sandbox.ShareRequest) (string, error) {
 	if f.err != nil {
 		return "", f.err
 	}
-	f.calls = append(f.calls, fmt.Sprintf("%s ro=%v %s", src, ro, ref))
+	if r.Destination != "/data" || r.Container == "" {
+		return "", fmt.Errorf("share request without its mount: %+v", r)
+	}
+	f.calls = append(f.calls, fmt.Sprintf("%s ro=%v %s", r.Source, r.ReadOnly, r.Ref))
 	return fmt.Sprintf("/run/cube/shared/v%d", len(f.calls)), nil
 }
 

@@ -23,15 +23,16 @@ func (s *Server) checkOpenFlags(flags uint32) (uint64, unix.Errno) {
 	return f, 0
 }
 
-// addHandle registers an open fd.
-func (s *Server) addHandle(fd int, dir bool) (uint64, unix.Errno) {
+// addHandle registers fd, opened on node with flags (kept for a snapshot,
+// without O_TRUNC: re-opening must not truncate again).
+func (s *Server) addHandle(fd int, dir bool, node uint64, flags uint64) (uint64, unix.Errno) {
 	if len(s.handles) >= MaxHandles {
 		unix.Close(fd)
 		return 0, unix.ENFILE
 	}
 	fh := s.nextFh
 	s.nextFh++
-	s.handles[fh] = &handle{fd: fd, dir: dir}
+	s.handles[fh] = &handle{fd: fd, dir: dir, node: node, flags: flags &^ unix.O_TRUNC}
 	return fh, 0
 }
 
@@ -72,7 +73,7 @@ func (s *Server) open(req Request, p *body) ([]byte, unix.Errno) {
 	if err != nil {
 		return nil, errnoOf(err)
 	}
-	fh, e := s.addHandle(fd, dir)
+	fh, e := s.addHandle(fd, dir, req.NodeID, f)
 	if e != 0 {
 		return nil, e
 	}
@@ -124,12 +125,12 @@ func (s *Server) create(req Request, p *body) ([]byte, unix.Errno) {
 		unix.Close(fd)
 		return nil, errnoOf(err)
 	}
-	id, a, e := s.adopt(pathFd)
+	id, a, e := s.adopt(pathFd, parent, name)
 	if e != 0 {
 		unix.Close(fd)
 		return nil, e
 	}
-	fh, e := s.addHandle(fd, false)
+	fh, e := s.addHandle(fd, false, id, f)
 	if e != 0 {
 		s.forget(id, 1)
 		return nil, e

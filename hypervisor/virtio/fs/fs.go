@@ -49,6 +49,9 @@ type Device struct {
 	mu  sync.Mutex
 	env *virtio.Env
 	buf []byte
+	// restored: a state was just restored and the transport has not
+	// activated the device since (see Reset).
+	restored bool
 }
 
 // Open opens the share.
@@ -95,14 +98,23 @@ func (d *Device) Activate(env *virtio.Env) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.env = env
+	d.restored = false
 	return nil
 }
 
-// Reset implements virtio.Device: the guest's FUSE session ends with it.
+// Reset implements virtio.Device: the guest's FUSE session ends with it,
+// except for the reset a transport restore makes between a restored state
+// and re-activating it. Ordering: the machine restores each device's state,
+// then its transport's, which resets a device it finds active (an in-place
+// rollback) before activating it again (virtio/state.go): that reset must
+// not drop the session Restore just re-opened.
 func (d *Device) Reset() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.env = nil
+	if d.restored {
+		return
+	}
 	d.srv.Reset()
 }
 

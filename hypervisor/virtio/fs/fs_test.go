@@ -5,8 +5,10 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
+	"github.com/cube-runtime/cube/hypervisor/snapshot"
 	"github.com/cube-runtime/cube/hypervisor/virtio"
 	"github.com/cube-runtime/cube/hypervisor/virtio/fs"
 	"github.com/cube-runtime/cube/hypervisor/virtio/virtiotest"
@@ -59,7 +61,8 @@ func roundTrip(t *testing.T, d *virtiotest.Driver, q int, request []byte, replyL
 
 // TestDeviceConfigAndRequests: the tag is in config space, INIT/LOOKUP go
 // through the request queue, FORGET through hiprio without a reply, and a
-// snapshot is refused while mounted and allowed after DESTROY.
+// snapshot while mounted carries the session (restored in place, the
+// looked-up node answers GETATTR) while one after DESTROY has none.
 func TestDeviceConfigAndRequests(t *testing.T) {
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "hello"), []byte("hi"), 0o644); err != nil {
@@ -85,8 +88,12 @@ func TestDeviceConfigAndRequests(t *testing.T) {
 		t.Fatalf("LOOKUP reply %x", r)
 	}
 	node := binary.LittleEndian.Uint64(r[16:])
-	if _, err := dev.SaveState(); !errors.Is(err, fs.ErrMounted) {
-		t.Fatalf("snapshot while mounted: %v, want ErrMounted", err)
+	mounted, err := dev.SaveState()
+	if err != nil {
+		t.Fatalf("snapshot while mounted: %v", err)
+	}
+	if !strings.Contains(string(mounted), `"Session":{"Initialized":true`) || !strings.Contains(string(mounted), `"Path":"hello"`) {
+		t.Fatalf("snapshot while mounted does not carry the session: %s", mounted)
 	}
 	// FORGET on hiprio: used length 0.
 	forget := make([]byte, 8)
@@ -116,6 +123,18 @@ func TestDeviceConfigAndRequests(t *testing.T) {
 	if err := dev.RestoreState(st); err != nil {
 		t.Errorf("restore: %v", err)
 	}
+	// The mounted snapshot restored in place: the node LOOKUP gave is
+	// served again (GETATTR), the unmounted one's session is not.
+	if err := dev.RestoreState(mounted); err != nil {
+		t.Fatalf("restore of the mounted snapshot: %v", err)
+	}
+	r = roundTrip(t, d, 1, req(3, node, 6, make([]byte, 16)), 16+104)
+	if len(r) != 120 || binary.LittleEndian.Uint32(r[4:]) != 0 {
+		t.Fatalf("GETATTR of node %d after the restore: %x", node, r)
+	}
+	if err := other.RestoreState(mounted); !errors.Is(err, snapshot.ErrMismatch) {
+		t.Errorf("restore of a mounted snapshot onto another tag: %v, want ErrMismatch", err)
+	}
 }
 
 func TestOpenRefusesBadTag(t *testing.T) {
@@ -126,5 +145,45 @@ func TestOpenRefusesBadTag(t *testing.T) {
 	}
 	if _, err := fs.Open(fs.Options{Tag: "t", Dir: "/nonexistent/dir"}); err == nil {
 		t.Errorf("missing directory accepted")
+	}
+}
+
+// TestDeviceRollbackInPlace: a mounted share's device and transport states
+// restored onto the same, active device (an in-place rollback: the
+// transport's restore resets and re-activates the device after the device's
+// own restore) keep the guest's session: the looked-up node still answers.
+func TestDeviceRollbackInPlace(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "hello"), []byte("hi"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, dev := openShare(t, dir)
+	initIn := make([]byte, 64)
+	binary.LittleEndian.PutUint32(initIn[0:], 7)
+	binary.LittleEndian.PutUint32(initIn[4:], 38)
+	roundTrip(t, d, 1, req(26, 0, 1, initIn), 16+64)
+	r := roundTrip(t, d, 1, req(1, 1, 2, []byte("hello\x00")), 16+128)
+	node := binary.LittleEndian.Uint64(r[16:])
+	d.Tr.Pause()
+	trState := d.Tr.State()
+	devState, err := dev.SaveState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dev.RestoreState(devState); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Tr.Restore(trState); err != nil {
+		t.Fatal(err)
+	}
+	d.Tr.Resume()
+	r = roundTrip(t, d, 1, req(3, node, 3, make([]byte, 16)), 16+104)
+	if len(r) != 120 || binary.LittleEndian.Uint32(r[4:]) != 0 {
+		t.Fatalf("GETATTR of node %d after an in-place rollback: errno %d (%d bytes)", node, int32(binary.LittleEndian.Uint32(r[4:])), len(r))
+	}
+	// A reset by the guest afterwards ends the session as before.
+	dev.Reset()
+	if dev.Server().Mounted() {
+		t.Errorf("a guest reset after the rollback kept the session")
 	}
 }

@@ -49,20 +49,25 @@ func (s *Server) lookupName(parent *inode, name string) (uint64, attr, unix.Errn
 	if err != nil {
 		return 0, attr{}, errnoOf(err)
 	}
-	return s.adopt(fd)
+	return s.adopt(fd, parent, name)
 }
 
-// adopt takes an O_PATH fd as an inode (or a new reference to the inode
-// already known for the same host file) and counts one guest reference.
-func (s *Server) adopt(fd int) (uint64, attr, unix.Errno) {
+// adopt takes an O_PATH fd, found as name under parent, as an inode (or a
+// new reference to the inode already known for the same host file) and
+// counts one guest reference. The inode's recorded path becomes this one:
+// a name that just resolved is where the file is now.
+func (s *Server) adopt(fd int, parent *inode, name string) (uint64, attr, unix.Errno) {
 	st, err := fstat(fd)
 	if err != nil {
 		unix.Close(fd)
 		return 0, attr{}, errnoOf(err)
 	}
+	path, unlinked := childPath(parent, name)
 	if id, ok := s.byKey[keyOf(&st)]; ok {
 		unix.Close(fd)
-		s.inodes[id].lookup++
+		n := s.inodes[id]
+		n.lookup++
+		n.path, n.unlinked = path, unlinked
 		return id, attrOf(&st), 0
 	}
 	if len(s.inodes) >= MaxInodes {
@@ -71,7 +76,7 @@ func (s *Server) adopt(fd int) (uint64, attr, unix.Errno) {
 	}
 	id := s.nextID
 	s.nextID++
-	n := &inode{fd: fd, key: keyOf(&st), mode: st.Mode & unix.S_IFMT, lookup: 1}
+	n := &inode{fd: fd, key: keyOf(&st), mode: st.Mode & unix.S_IFMT, lookup: 1, path: path, unlinked: unlinked}
 	s.inodes[id] = n
 	s.byKey[n.key] = id
 	return id, attrOf(&st), 0
@@ -85,9 +90,15 @@ func (s *Server) forget(id, nlookup uint64) {
 	}
 	n.lookup -= min(n.lookup, nlookup)
 	if n.lookup == 0 {
-		unix.Close(n.fd)
+		if n.fd >= 0 {
+			unix.Close(n.fd)
+		}
 		delete(s.inodes, id)
-		delete(s.byKey, n.key)
+		// A restore may have given two node ids the same host file (two
+		// paths to one inode): the key is this node's only if it maps here.
+		if s.byKey[n.key] == id {
+			delete(s.byKey, n.key)
+		}
 	}
 }
 

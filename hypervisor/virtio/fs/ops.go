@@ -279,7 +279,11 @@ func (s *Server) remove(req Request, p *body) unix.Errno {
 	if req.Opcode == opRmdir {
 		flags = unix.AT_REMOVEDIR
 	}
-	return errnoOf(nilOr(unix.Unlinkat(parent.fd, name, flags)))
+	if err := unix.Unlinkat(parent.fd, name, flags); err != nil {
+		return errnoOf(err)
+	}
+	s.unlinkedPath(parent, name)
+	return 0
 }
 
 func (s *Server) rename(req Request, p *body) unix.Errno {
@@ -307,7 +311,11 @@ func (s *Server) rename(req Request, p *body) unix.Errno {
 	if e != 0 {
 		return e
 	}
-	return errnoOf(nilOr(unix.Renameat2(oldParent.fd, oldName, newParent.fd, newName, uint(flags))))
+	if err := unix.Renameat2(oldParent.fd, oldName, newParent.fd, newName, uint(flags)); err != nil {
+		return errnoOf(err)
+	}
+	s.renamedPath(oldParent, oldName, newParent, newName, flags&unix.RENAME_EXCHANGE != 0)
+	return 0
 }
 
 func (s *Server) statfs(req Request) ([]byte, unix.Errno) {

@@ -40,20 +40,29 @@ const rootID = 1
 // inodeKey identifies a host inode.
 type inodeKey struct{ dev, ino uint64 }
 
-// inode is a host file the guest looked up: an O_PATH fd (never a path
-// string, so renames on the host cannot redirect it) and the guest's
-// lookup count.
+// inode is a host file the guest looked up: an O_PATH fd (requests go
+// through it, never through a path string, so renames on the host cannot
+// redirect them) and the guest's lookup count. path is only what a
+// snapshot records (see session.go): where the guest last saw the file,
+// relative to the share root, kept right across the guest's RENAME, UNLINK
+// and RMDIR.
 type inode struct {
-	fd     int
+	fd     int // -1: stale (restored from a snapshot whose path was gone)
 	key    inodeKey
 	mode   uint32 // S_IFMT bits at lookup
 	lookup uint64
+	path   string // relative to the share root; "" is the root
+	// unlinked: path no longer names the file (the guest removed it or
+	// renamed another over it while holding it); a snapshot saves it stale.
+	unlinked bool
 }
 
 // handle is an open file or directory.
 type handle struct {
 	fd      int
 	dir     bool
+	node    uint64     // the node it was opened on (a snapshot re-opens it by that node's path)
+	flags   uint64     // the open(2) flags it was opened with (O_TRUNC dropped)
 	entries []dirEntry // a directory's listing, read at OPENDIR/rewind
 }
 
@@ -75,8 +84,10 @@ type Server struct {
 	nextID  uint64
 	handles map[uint64]*handle
 	nextFh  uint64
-	// mounted is true between INIT and DESTROY (or Reset).
-	mounted bool
+	// mounted is true between INIT and DESTROY (or Reset); initFlags are
+	// the INIT flags answered (a snapshot carries them).
+	mounted   bool
+	initFlags uint32
 }
 
 // NewServer opens dir (which must be a directory) as the share's root.
@@ -105,7 +116,7 @@ func (s *Server) reset() {
 		root = s.inodes[rootID]
 	}
 	for id, n := range s.inodes {
-		if id != rootID {
+		if id != rootID && n.fd >= 0 {
 			unix.Close(n.fd)
 		}
 	}
@@ -121,7 +132,7 @@ func (s *Server) reset() {
 		s.inodes[rootID] = root
 		s.byKey[root.key] = rootID
 	}
-	s.mounted = false
+	s.mounted, s.initFlags = false, 0
 }
 
 // Reset forgets every inode and handle the guest had (a device reset or a
@@ -265,11 +276,12 @@ func (s *Server) init(p *body) ([]byte, unix.Errno) {
 	_ = minor
 	s.reset()
 	s.mounted = true
+	s.initFlags = flags & (initAsyncRead | initBigWrites | initMaxPages | initParallelOp)
 	var o out
 	o.u32(KernelVersion)
 	o.u32(KernelMinorVersion)
 	o.u32(MaxWrite) // max_readahead
-	o.u32(flags & (initAsyncRead | initBigWrites | initMaxPages | initParallelOp))
+	o.u32(s.initFlags)
 	o.u16(16)       // max_background
 	o.u16(12)       // congestion_threshold
 	o.u32(MaxWrite) // max_write
@@ -282,10 +294,11 @@ func (s *Server) init(p *body) ([]byte, unix.Errno) {
 	return o.b, 0
 }
 
-// node returns the inode for a node id.
+// node returns the inode for a node id: ESTALE for an unknown id and for
+// a node a restore could not re-open.
 func (s *Server) node(id uint64) (*inode, unix.Errno) {
 	n, ok := s.inodes[id]
-	if !ok {
+	if !ok || n.fd < 0 {
 		return nil, unix.ESTALE
 	}
 	return n, 0

@@ -1,54 +1,59 @@
 package fs
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/cube-runtime/cube/hypervisor/snapshot"
 )
 
-// ErrMounted refuses a snapshot while the guest has the share mounted.
+// State is the device's serializable state: the share's identity and, when
+// the guest has the share mounted, its FUSE session (node ids as paths
+// relative to the share, open handles), so a snapshot of a VM using the
+// share restores with the guest's node ids and file handles valid.
 //
-// A snapshot does not roll the shared directory back (it is the host's
-// directory, not a disk image), and the guest's FUSE state (node ids it
-// looked up, open file handles) lives in guest memory that a restore
-// brings back while this server's inode table would be empty: every node
-// id would be stale. So a VM with a live FUSE session is not snapshotted;
-// unmount the share first (umount sends FUSE_DESTROY), snapshot, mount
-// again. A snapshot taken while unmounted restores with the share re-opened
-// at its configured path and an empty inode table.
-var ErrMounted = errors.New("virtio-fs share is mounted in the guest: unmount it before a snapshot (a snapshot cannot carry the guest's FUSE session)")
-
-// State is the device's serializable state: the share's identity only.
-// Its json names are the snapshot format's: changing one is a snapshot.Version bump.
+// The shared directory itself is not in it: it is the host's directory, not
+// a disk image, and a restore or rollback serves it as it is then. A node
+// whose path is gone by then is stale (ESTALE), a handle that no longer
+// opens is dropped (EBADF).
+//
+// Its json names are the snapshot format's: changing one is a
+// snapshot.Version bump. Session was added within version 1, omitted when
+// nil: a share not mounted, which is what every earlier snapshot recorded
+// (they refused a mounted share).
 type State struct {
-	Version  uint32 `json:"Version"`
-	Tag      string `json:"Tag"`
-	Dir      string `json:"Dir"`
-	ReadOnly bool   `json:"ReadOnly"`
+	Version  uint32        `json:"Version"`
+	Tag      string        `json:"Tag"`
+	Dir      string        `json:"Dir"`
+	ReadOnly bool          `json:"ReadOnly"`
+	Session  *SessionState `json:"Session,omitempty"`
 }
 
-// State returns the device state, or ErrMounted.
+// State returns the device state, the guest's session included.
 func (d *Device) State() (State, error) {
-	if d.srv.Mounted() {
-		return State{}, fmt.Errorf("virtio-fs %s: %w", d.opts.Tag, ErrMounted)
-	}
-	return State{Version: snapshot.Version, Tag: d.opts.Tag, Dir: d.opts.Dir, ReadOnly: d.opts.ReadOnly}, nil
+	return State{Version: snapshot.Version, Tag: d.opts.Tag, Dir: d.opts.Dir, ReadOnly: d.opts.ReadOnly,
+		Session: d.srv.Session()}, nil
 }
 
 // Restore checks that a saved state is this share (same tag and mode: the
-// guest driver has the tag cached) and starts it with no FUSE session.
-// The directory may differ (a restore on another host shares that host's
-// directory).
+// guest driver has the tag cached) and loads its FUSE session against this
+// device's directory (Server.Restore), or starts it with none when the
+// snapshot's share was not mounted. The directory may differ (a restore on
+// another host shares that host's directory); an in-place rollback re-opens
+// the session against the same one. On error the device is as before.
 func (d *Device) Restore(s State) error {
 	if err := snapshot.CheckVersion("virtio-fs state", s.Version); err != nil {
 		return fmt.Errorf("restore virtio-fs: %w", err)
 	}
 	if s.Tag != d.opts.Tag || s.ReadOnly != d.opts.ReadOnly {
-		return fmt.Errorf("restore virtio-fs: snapshot has tag %q read-only=%v, device has tag %q read-only=%v",
-			s.Tag, s.ReadOnly, d.opts.Tag, d.opts.ReadOnly)
+		return fmt.Errorf("restore virtio-fs: snapshot has tag %q read-only=%v, device has tag %q read-only=%v: %w",
+			s.Tag, s.ReadOnly, d.opts.Tag, d.opts.ReadOnly, snapshot.ErrMismatch)
 	}
-	d.srv.Reset()
+	if err := d.srv.Restore(s.Session); err != nil {
+		return fmt.Errorf("restore virtio-fs %s: %w", d.opts.Tag, err)
+	}
+	d.mu.Lock()
+	d.restored = true // the transport's restore resets and re-activates the device next (Reset)
+	d.mu.Unlock()
 	return nil
 }
 
