@@ -392,7 +392,7 @@ class Run:
         if not self.restarts:
             self.step("c. restarts NOT RUN (--no-restarts: no control URL)", lambda: None)
             return
-        before = self.must(src, "query")
+        before = {}
 
         def after(what):
             info = src.get_info()
@@ -410,12 +410,15 @@ class Run:
             self.kill(sb)
             return sb.sandbox_id
 
-        self.step("c. restart cube-api (POST %s/restart-api)" % self.control, self.post_control, "/restart-api")
+        def restart(path):
+            before.update(self.must(src, "query"))
+            return self.post_control(path)
+        self.step("c. restart cube-api (POST %s/restart-api)" % self.control, restart, "/restart-api")
         self.step("c. after the cube-api restart: running, listed, the worker answers and advances",
                   lambda: self.show(after("the cube-api restart")))
         self.step("c. after the cube-api restart: a snapshot taken before restores",
                   restore, self.snap_c.snapshot_id, "after the cube-api restart")
-        self.step("c. restart containerd (POST %s/restart-containerd)" % self.control, self.post_control, "/restart-containerd")
+        self.step("c. restart containerd (POST %s/restart-containerd)" % self.control, restart, "/restart-containerd")
         self.step("c. after the containerd restart: running, listed, the worker answers and advances",
                   lambda: self.show(after("the containerd restart")))
         snap_d = self.step("c. after the containerd restart: create_snapshot", self.snapshot, src)
@@ -494,6 +497,11 @@ class Run:
     # --- the end ----------------------------------------------------------------------------------------------
     def cleanup(self):
         problems = []
+        try:  # also any the run made without knowing (a clone whose fork's answer was lost)
+            for sid in set(self.ours()) - set(self.made):
+                self.made[sid] = Sandbox(sid)
+        except SandboxException as e:
+            problems.append("list the run's sandboxes: %s" % e)
         for sb in list(self.made.values()):
             try:
                 self.kill(sb)
