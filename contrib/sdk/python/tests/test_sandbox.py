@@ -441,3 +441,27 @@ class TestFiles(Base):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestAcceptanceScript(unittest.TestCase):
+    """examples/acceptance.py needs a real cube-api (make e2e-sdk); here only its refusal of a missing setting,
+    so that a script that no longer loads or parses its settings fails the unit suite."""
+
+    def run_script(self, env):
+        import subprocess
+        import sys
+        script = os.path.join(os.path.dirname(__file__), "..", "examples", "acceptance.py")
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("CUBE_")}
+        return subprocess.run([sys.executable, "-B", script], env=dict(clean, **env), capture_output=True, text=True,
+                              timeout=60)
+
+    def test_names_what_is_missing(self):
+        r = self.run_script({})
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("CUBE_TEMPLATE_ID is not set", r.stderr)
+        r = self.run_script({"CUBE_TEMPLATE_ID": "busybox", "CUBE_WORKER_BIN": "/nonexistent/worker"})
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("CUBE_WORKER_BIN='/nonexistent/worker' is not a file", r.stderr)
+        r = self.run_script({"CUBE_TEMPLATE_ID": "busybox", "CUBE_WORKER_BIN": __file__})
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("CUBE_ACCEPTANCE_CONTROL_URL is not set", r.stderr)
