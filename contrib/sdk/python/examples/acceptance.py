@@ -395,13 +395,22 @@ class Run:
         before = {}
 
         def after(what):
-            info = src.get_info()
+            # containerd's client reconnects with a backoff (at most a few seconds): 503 until it has.
+            start, info = time.monotonic(), None
+            while info is None:
+                try:
+                    info = src.get_info()
+                except SandboxException as e:
+                    if e.status not in (503, None) or time.monotonic() - start > 60:
+                        raise Failed("after %s, get_info of %s: %s" % (what, src.sandbox_id, e)) from None
+                    time.sleep(0.5)
+            waited = time.monotonic() - start
             check(info.state == "running", "after %s %s is %s" % (what, src.sandbox_id, info.state))
             check(src.sandbox_id in self.ours(), "after %s %s is not listed" % (what, src.sandbox_id))
             st = self.above(src, before["counter"])
             check(st["identity"] == before["identity"] and st["pid"] == before["pid"],
                   "after %s the worker is %s, want identity and pid %s" % (what, st, before))
-            return st
+            return "%s (answered after %.1f s)" % (self.show(st), waited)
 
         def restore(snap_id, what):
             sb = self.create(snap_id)
@@ -415,12 +424,12 @@ class Run:
             return self.post_control(path)
         self.step("c. restart cube-api (POST %s/restart-api)" % self.control, restart, "/restart-api")
         self.step("c. after the cube-api restart: running, listed, the worker answers and advances",
-                  lambda: self.show(after("the cube-api restart")))
+                  after, "the cube-api restart")
         self.step("c. after the cube-api restart: a snapshot taken before restores",
                   restore, self.snap_c.snapshot_id, "after the cube-api restart")
         self.step("c. restart containerd (POST %s/restart-containerd)" % self.control, restart, "/restart-containerd")
         self.step("c. after the containerd restart: running, listed, the worker answers and advances",
-                  lambda: self.show(after("the containerd restart")))
+                  after, "the containerd restart")
         snap_d = self.step("c. after the containerd restart: create_snapshot", self.snapshot, src)
         self.step("c. after the containerd restart: it restores", restore, snap_d.snapshot_id, "after the containerd restart")
 
