@@ -467,6 +467,8 @@ class Run:
             msg = json.loads(raw)
         except ValueError:
             raise Failed("%s %s: answer %d is not JSON: %r" % (method, path, code, raw[:200])) from None
+        if code == 201 and isinstance(msg, dict) and msg.get("sandboxID"):
+            self.made[msg["sandboxID"]] = Sandbox(msg["sandboxID"])  # made where it should not be: removed at cleanup
         check(code == status and msg.get("code") == status,
               "%s %s: %d %s, want %d" % (method, path, code, msg, status))
         for n in names:
@@ -488,7 +490,9 @@ class Run:
             ("timeout a string: 400 naming it", 400, ['"timeout"'], "POST", "/sandboxes",
              {"templateID": self.image, "timeout": "60"}),
             ("fork count a string: 400 naming it", 400, ['"count"'], "POST", "/sandboxes/%s/fork" % sid, {"count": "3"}),
-            ("an unknown field: 400 naming it", 400, ["templateId"], "POST", "/sandboxes", {"templateId": self.image}),
+            # (Go's encoding/json matches field names case-insensitively: "templateId" is templateID, not unknown.)
+            ("an unknown field: 400 naming it", 400, ['"acceptanceUnknown"'], "POST", "/sandboxes",
+             {"templateID": self.image, "acceptanceUnknown": 1}),
             ("a body over 1 MiB (max_body_bytes): 413", 413, [], "POST", "/sandboxes",
              {"templateID": self.image, "metadata": {"big": "x" * ((1 << 20) + 1024)}}),
         ]
