@@ -342,7 +342,16 @@ class Run:
         """Waits (up to within seconds) until our only sandbox listed is src; returns the wait."""
         start = time.monotonic()
         while True:
-            left = sorted(set(self.ours()) - {src.sandbox_id})
+            try:
+                left = sorted(set(self.ours()) - {src.sandbox_id})
+            except SandboxException as e:
+                # Seen in the test host: the list answered 504 while the server deleted a cancelled fork's clone
+                # (one sandbox's task did not answer in time); within the window, ask again.
+                if e.status not in (503, 504) or time.monotonic() - start >= within:
+                    raise
+                print("\n      list: %s; again in 2 s" % e, end="", flush=True)
+                time.sleep(2)
+                continue
             if not left:
                 return time.monotonic() - start
             check(time.monotonic() - start < within, "%s these sandboxes are left: %s" % (when, left))
@@ -516,12 +525,20 @@ class Run:
         except SandboxException as e:
             problems.append("list the run's sandboxes: %s" % e)
         for sb in list(self.made.values()):
-            try:
-                self.kill(sb)
-            except NotFoundException:
-                self.made.pop(sb.sandbox_id, None)
-            except SandboxException as e:
-                problems.append("kill %s: %s" % (sb.sandbox_id, e))
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    self.kill(sb)
+                    break
+                except NotFoundException:
+                    self.made.pop(sb.sandbox_id, None)
+                    break
+                except SandboxException as e:
+                    # 409 "it is deleted": the server is deleting it (a cancelled fork's clone): until it is gone.
+                    if e.status != 409 or time.monotonic() > deadline:
+                        problems.append("kill %s: %s" % (sb.sandbox_id, e))
+                        break
+                    time.sleep(2)
         for sid in reversed(self.snapshots):
             deadline = time.monotonic() + 30
             while True:
