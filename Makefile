@@ -11,11 +11,12 @@ BENCH     ?= .
 FUZZTIME  ?= 30s
 export GOFLAGS ?= -buildvcs=false
 
-.PHONY: help deps build guest test test-unit test-full e2e bench demo e2e-e2b fuzz vet proto-check clean stress
+.PHONY: help deps build guest test test-unit test-full e2e bench demo e2e-e2b e2e-sdk fuzz vet proto-check clean stress
 
 help:
 	@echo "make demo       the SDK story from this shell: Python SDK → cube-api in the test host → containerd → microVMs (snapshot, rollback, fork)"
-	@echo "make e2e-e2b    E2B's own JS SDK (npm e2b, unmodified) → cube-api in the test host: sandboxes, commands, files, snapshots, fork"
+	@echo "make e2e-sdk    the SDKs → cube-api in one test host: E2B's own JS SDK (npm e2b, unmodified), then the Python SDK's acceptance (rollback/restore rounds, clone/fork, 409s, restarts, bad input)"
+	@echo "make e2e-e2b    E2B's own JS SDK only (e2e-sdk's js part): sandboxes, commands, files, snapshots, fork"
 	@echo "make test       all tiers: unit, host /dev/kvm, and end-to-end in the test host"
 	@echo "make test-unit  unit and host-KVM tiers only (go test -short)"
 	@echo "make test-full  all non-e2e tests, incl. root ones (snapshotter suites, containerd daemon)"
@@ -96,11 +97,13 @@ e2e: deps
 	$(GO) test -count=1 -p $(E2E_P) -timeout 60m -v -run '$(RUN)' $(E2E_PKGS)
 
 # The e2e tier runs first, on a machine nothing else has touched yet (under QEMU 7.2, nested guests froze test
-# hosts more often after the root tier had run; kept as a cheap precaution). E2B's own SDK (e2e-e2b) closes the
-# e2e tier: it runs from this machine's shell against cube-api in a test host of its own.
+# hosts more often after the root tier had run; kept as a cheap precaution). E2B's own JS SDK (e2e-sdk's js part)
+# closes the e2e tier: it runs from this machine's shell against cube-api in a test host of its own. The Python
+# SDK's acceptance (`make e2e-sdk`) is not in it yet: no full run of it has passed (docs/api.md, "Python SDK
+# acceptance"), and it adds an estimated 15 minutes.
 test: deps vet build
 	$(GO) test -count=1 -p $(E2E_P) -timeout 60m -v $(E2E_PKGS)
-	bash contrib/scripts/e2e-e2b.sh
+	bash contrib/scripts/e2e-sdk.sh js
 	$(GO) test -count=1 -p 1 $(NON_E2E_PKGS)
 
 # Test-host stability (opt-in: `make test` runs only the package's unit tests): nested VM lifecycles in test
@@ -123,7 +126,15 @@ demo: deps build
 # host, from this machine's shell, configured only by E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY
 # (contrib/sdk/e2b-compat/e2e.mjs: create, commands, files, snapshot, create from it, pause/connect, fork, kill).
 e2e-e2b: deps build
-	bash contrib/scripts/e2e-e2b.sh
+	bash contrib/scripts/e2e-sdk.sh js
+
+# The SDKs against cube-api in one test host, from this machine's shell (contrib/scripts/e2e-sdk.sh): E2B's JS SDK as
+# e2e-e2b, then the Python SDK's acceptance (contrib/sdk/python/examples/acceptance.py: 3 rounds of snapshot → SIGKILL
+# → rollback → create from the snapshot with the worker's counter, identity, pid and digest equal exactly; clone(4)
+# and fork(3) diverging, a clone failing mid-fork leaving nothing; 409 for a second snapshot or rollback at once;
+# cube-api and containerd restarted under running sandboxes; 404/400/413/401 through raw HTTP).
+e2e-sdk: deps build
+	bash contrib/scripts/e2e-sdk.sh
 
 # Every fuzz target, one after another (each part's FUZZTIME / DEVICE_FUZZTIME per target).
 fuzz: fuzz-hypervisor fuzz-devices agent-fuzz snapshotter-fuzz fuzz-shim fuzz-snapshot fuzz-store fuzz-cli fuzz-api

@@ -149,3 +149,20 @@ func TestForkFailures(t *testing.T) {
 	e.f.failErr = fmt.Errorf("containerd is gone: %w", errdefs.ErrUnavailable)
 	e.wantError("POST", path, map[string]any{"count": 1}, 503, "containerd is gone")
 }
+
+// A command that came with the snapshot is killable in the restored sandbox at once, without a list of its
+// commands before (the kill adopts it from the guest's processes as the list does).
+func TestKillRestoredCommandWithoutList(t *testing.T) {
+	e := newEnv(t, nil)
+	src := e.create(nil)
+	start, _, stop := e.startStream(src.SandboxID, `{"cmd":"sleep"}`)
+	defer stop()
+	e.snapshot(src.SandboxID, "base")
+	sb := e.create(map[string]any{"templateID": "base"})
+	path := fmt.Sprintf("/sandboxes/%s/commands/%d", sb.SandboxID, start.Pid)
+	e.wantError("POST", path+"/stdin", map[string]any{"data": "x"}, 409, "stdin")
+	e.want("POST", path+"/kill", map[string]any{"signal": "SIGKILL"}, 204, nil)
+	e.waitCommands(sb.SandboxID, func(l []CommandInfo) bool { return len(l) == 0 })
+	e.wantError("POST", path+"/kill", nil, 404, "no running command")
+	e.wantError("POST", fmt.Sprintf("/sandboxes/%s/commands/%d/kill", sb.SandboxID, start.Pid+1000), nil, 404, "no running command")
+}

@@ -258,6 +258,24 @@ func (s *Server) syncCommands(ctx context.Context, id string) error {
 	return nil
 }
 
+// command is sandbox's command pid. One cube-api did not start (it came
+// with the sandbox's snapshot when the sandbox was created from one, or ran
+// before a restart of cube-api) is adopted from the guest's processes first,
+// as listCommands does: it is killable without a list before.
+func (s *Server) command(ctx context.Context, sandbox, pid string) (*command, error) {
+	c, err := s.cmds.get(sandbox, pid)
+	if err == nil || !errdefs.IsNotFound(err) {
+		return c, err
+	}
+	if ct, gerr := s.be.Get(ctx, sandbox); gerr != nil || stateOf(ct.Status) != "running" {
+		return nil, err
+	}
+	if serr := s.syncCommands(ctx, sandbox); serr != nil {
+		return nil, fmt.Errorf("%w (the guest's processes: %v)", err, serr)
+	}
+	return s.cmds.get(sandbox, pid)
+}
+
 func (cs *commands) get(sandbox, pid string) (*command, error) {
 	n, err := strconv.ParseUint(pid, 10, 32)
 	if err != nil {
@@ -426,7 +444,7 @@ func (s *Server) commandStdin(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	id := r.PathValue("sandboxID")
-	c, err := s.cmds.get(id, r.PathValue("pid"))
+	c, err := s.command(r.Context(), id, r.PathValue("pid"))
 	if err != nil {
 		return err
 	}
@@ -466,7 +484,7 @@ func (s *Server) killCommand(w http.ResponseWriter, r *http.Request) error {
 	if !ok {
 		return invalid("field \"signal\": %q is not one of SIGKILL, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGSTOP, SIGCONT", req.Signal)
 	}
-	c, err := s.cmds.get(r.PathValue("sandboxID"), r.PathValue("pid"))
+	c, err := s.command(r.Context(), r.PathValue("sandboxID"), r.PathValue("pid"))
 	if err != nil {
 		return err
 	}

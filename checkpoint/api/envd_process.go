@@ -148,7 +148,7 @@ func (s *Server) selected(ctx context.Context, sel *pb.ProcessSelector) (string,
 	}
 	switch v := sel.GetSelector().(type) {
 	case *pb.ProcessSelector_Pid:
-		c, err := s.cmds.get(call.sandbox, strconv.FormatUint(uint64(v.Pid), 10))
+		c, err := s.command(ctx, call.sandbox, strconv.FormatUint(uint64(v.Pid), 10))
 		return call.sandbox, c, err
 	case *pb.ProcessSelector_Tag:
 		s.cmds.mu.Lock()

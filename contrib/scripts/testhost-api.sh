@@ -1,4 +1,4 @@
-# testhost-api.sh — sourced by demo.sh and e2e-e2b.sh: cube-api in the test host, served to this machine.
+# testhost-api.sh — sourced by demo.sh and e2e-sdk.sh (e2e-e2b.sh): cube-api in the test host, served to this machine.
 #
 # The stack runs in the test host (containerd 2.4.2, cube-snapshotter, containerd-shim-cube-v1, cube-vmm on
 # nested KVM, and cube-api: `go test -run '^TestDemo$' ./integration/checkpoint` with CUBE_DEMO_PORT set), which

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -70,6 +71,16 @@ func (d *daemons) startAPI(t testing.TB, addr string) func() {
 // command.
 func (d *daemons) startAPIWith(t testing.TB, addr, command string) func() {
 	t.Helper()
+	stop, err := d.startAPIErr(t, addr, command)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return stop
+}
+
+// startAPIErr is startAPIWith returning its failure instead of failing the test (for goroutines other than the
+// test's: serveDemo's restart route).
+func (d *daemons) startAPIErr(t testing.TB, addr, command string) (func(), error) {
 	conf := filepath.Join(d.Dir, "api.toml")
 	cniConf, cniCache := filepath.Join(d.Dir, "cni"), filepath.Join(d.Dir, "cni-cache")
 	os.MkdirAll(cniConf, 0o755)
@@ -79,21 +90,16 @@ func (d *daemons) startAPIWith(t testing.TB, addr, command string) func() {
 	logPath := filepath.Join(d.Dir, "api.log")
 	lf, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	defer lf.Close()
 	cmd := exec.Command(apiBin, "--config", conf)
 	cmd.Env, cmd.Stdout, cmd.Stderr = d.Env, lf, lf
 	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+		return nil, fmt.Errorf("start cube-api: %w", err)
 	}
-	stopped := false
-	stopAPI := func() {
-		if !stopped {
-			stopped = true
-			cubetest.Stop(t, cmd, logPath)
-		}
-	}
+	var once sync.Once
+	stopAPI := func() { once.Do(func() { cubetest.Stop(t, cmd, logPath) }) }
 	t.Cleanup(stopAPI)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -101,12 +107,13 @@ func (d *daemons) startAPIWith(t testing.TB, addr, command string) func() {
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
-				return stopAPI
+				return stopAPI, nil
 			}
 		}
 		if time.Now().After(deadline) {
 			b, _ := os.ReadFile(logPath)
-			t.Fatalf("cube-api did not answer on %s in 30s: %v\n%s", addr, err, b)
+			stopAPI()
+			return nil, fmt.Errorf("cube-api did not answer on %s in 30s: %v\n%s", addr, err, b)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -29,6 +30,8 @@ const (
 	envDemoServe = "CUBE_DEMO_SERVE"
 	demoAPIPort  = 3000
 	demoDonePort = 3001
+	// demoServeLimit bounds the serve mode (the test host's own bound, TestMain's, is 10 minutes more).
+	demoServeLimit = 35 * time.Minute
 )
 
 // demoForwards are the test host's forwards when CUBE_DEMO_PORT is set (nil otherwise).
@@ -53,7 +56,13 @@ func demoForwards() ([]testhost.Forward, error) {
 // not hold; its lines are the test's log. Afterwards nothing it made remains.
 func TestDemo(t *testing.T) {
 	d := startDaemons(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	// Serving, the clients outside take their time: `make e2e-sdk` runs E2B's JS SDK and then the Python SDK's
+	// acceptance against the same cube-api (about 15 minutes together in a 1-vCPU test host).
+	limit := 15 * time.Minute
+	if os.Getenv(envDemoServe) == "1" {
+		limit = demoServeLimit
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	d.importForAPI(t, ctx)
 	if os.Getenv(envDemoServe) == "1" {
@@ -115,17 +124,60 @@ func (d *daemons) checkAPINamespaceEmpty(t *testing.T, ctx context.Context) {
 
 // serveDemo runs cube-api on the forwarded port (all addresses: the forward arrives on eth0; its API key is
 // the e2e one, which the script outside uses) and waits for POST /done on the other forwarded port, or the
-// context's end.
+// context's end. The same port restarts the stack under the client (the SDK acceptance,
+// contrib/sdk/python/examples/acceptance.py): POST /restart-api stops cube-api gracefully (SIGTERM) and starts
+// it again on the same port and store, answering once /health does; POST /restart-containerd stops
+// containerd (SIGTERM, as an operator would) and starts it again on the same root and state, answering once
+// it serves. Either answers 200 with what it did, or 500 naming what failed (the test fails too).
 func (d *daemons) serveDemo(t *testing.T, ctx context.Context) {
-	d.startAPI(t, fmt.Sprintf("0.0.0.0:%d", demoAPIPort))
+	apiAddr := fmt.Sprintf("0.0.0.0:%d", demoAPIPort)
+	stopAPI := d.startAPI(t, apiAddr)
 	done := make(chan struct{})
 	var once sync.Once
-	srv := &http.Server{Addr: fmt.Sprintf(":%d", demoDonePort), Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost || r.URL.Path != "/done" {
-			http.Error(w, "POST /done ends the demo's test host", http.StatusNotFound)
+	var restartMu sync.Mutex // one restart at a time
+	restart := func(w http.ResponseWriter, what string, fn func() error) {
+		restartMu.Lock()
+		defer restartMu.Unlock()
+		start := time.Now()
+		if err := fn(); err != nil {
+			t.Errorf("demo: %s: %v", what, err)
+			http.Error(w, what+": "+err.Error(), http.StatusInternalServerError)
 			return
 		}
-		once.Do(func() { close(done) })
+		t.Logf("demo: %s in %v", what, time.Since(start).Round(time.Millisecond))
+		fmt.Fprintf(w, "%s in %v\n", what, time.Since(start).Round(time.Millisecond))
+	}
+	srv := &http.Server{Addr: fmt.Sprintf(":%d", demoDonePort), Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			http.Error(w, "POST /done ends the demo's test host; POST /restart-api, /restart-containerd restart them", http.StatusMethodNotAllowed)
+			return
+		}
+		switch r.URL.Path {
+		case "/done":
+			once.Do(func() { close(done) })
+		case "/restart-api":
+			restart(w, "cube-api restarted", func() error {
+				stopAPI()
+				s, err := d.startAPIErr(t, apiAddr, cubetest.CounterScript)
+				if err != nil {
+					return err
+				}
+				stopAPI = s
+				return nil
+			})
+		case "/restart-containerd":
+			restart(w, "containerd restarted", func() error {
+				if err := d.Containerd.Process.Signal(syscall.SIGTERM); err != nil {
+					return fmt.Errorf("SIGTERM containerd: %w", err)
+				}
+				if err := d.Containerd.Wait(); err != nil {
+					t.Logf("demo: containerd's exit: %v", err)
+				}
+				return d.StartContainerd()
+			})
+		default:
+			http.Error(w, "POST /done ends the demo's test host; POST /restart-api, /restart-containerd restart them", http.StatusNotFound)
+		}
 	})}
 	go srv.ListenAndServe()
 	defer srv.Close()

@@ -28,6 +28,7 @@ func TestMain(m *testing.M) {
 	}
 	if forwards != nil {
 		s.Forwards, s.Env = forwards, append(s.Env, envDemoServe+"=1")
+		s.Timeout = demoServeLimit + 10*time.Minute
 	}
 	cubetest.Main(m, s)
 }

@@ -1,13 +1,14 @@
 """The HTTP transport: JSON calls and NDJSON streams over urllib, one
 connection per request (no pooled keep-alive connections to go stale)."""
 
+import http.client
 import json
 import os
 import urllib.error
 import urllib.parse
 import urllib.request
 
-from .exceptions import SandboxException, from_status
+from .exceptions import SandboxException, TimeoutException, from_status
 
 ENV_API_URL = "CUBE_API_URL"
 ENV_API_KEY = "CUBE_API_KEY"
@@ -42,10 +43,13 @@ class ConnectionConfig:
 
     def open(self, method, path, query=None, body=None, timeout=None, data=None):
         """Sends a request (body: JSON; data: raw bytes) and returns the open
-        response; an error answer raises."""
+        response; an error answer raises. No answer within the timeout
+        raises TimeoutException, a connection that broke SandboxException
+        (both without status: the outcome on the server is unknown)."""
         req = self._request(method, path, query, body, data)
+        timeout = timeout or self.request_timeout
         try:
-            return urllib.request.urlopen(req, timeout=timeout or self.request_timeout)
+            return urllib.request.urlopen(req, timeout=timeout)
         except urllib.error.HTTPError as e:
             raw = e.read()
             try:
@@ -54,8 +58,21 @@ class ConnectionConfig:
                 msg = raw.decode(errors="replace").strip() or e.reason
             raise from_status(e.code, msg, e.headers.get("X-Request-Id")) from None
         except urllib.error.URLError as e:
+            if isinstance(e.reason, TimeoutError):
+                raise self._transport_error(method, path, e.reason, timeout) from None
             raise SandboxException("cannot reach cube-api at %s: %s (is it running? CUBE_API_URL names another)"
                                    % (self.api_url, e.reason)) from None
+        except (OSError, http.client.HTTPException) as e:
+            raise self._transport_error(method, path, e, timeout) from None
+
+    def _transport_error(self, method, path, e, timeout):
+        """The exception for a request whose answer did not come (whole):
+        urllib and http.client raise socket and protocol errors of their own."""
+        if isinstance(e, TimeoutError):
+            return TimeoutException("%s %s: no answer from cube-api at %s within %gs (the request_timeout; "
+                                    "what the server did is unknown)" % (method, path, self.api_url, timeout))
+        return SandboxException("%s %s: the connection to cube-api at %s broke: %s: %s (what the server did is "
+                                "unknown)" % (method, path, self.api_url, type(e).__name__, e))
 
     def drop_connections(self):
         """Drops pooled connections (after a rollback). urllib opens one
@@ -63,8 +80,12 @@ class ConnectionConfig:
         place to do it should the transport ever keep connections."""
         return None
 
-    def call(self, method, path, query=None, body=None, data=None):
-        """A JSON call: returns (decoded answer or None, headers)."""
-        with self.open(method, path, query, body, data=data) as resp:
-            raw = resp.read()
+    def call(self, method, path, query=None, body=None, data=None, timeout=None):
+        """A JSON call: returns (decoded answer or None, headers). timeout:
+        seconds for this call (default request_timeout)."""
+        with self.open(method, path, query, body, timeout=timeout, data=data) as resp:
+            try:
+                raw = resp.read()
+            except (OSError, http.client.HTTPException) as e:
+                raise self._transport_error(method, path, e, timeout or self.request_timeout) from None
             return (json.loads(raw) if raw.strip() else None), resp.headers

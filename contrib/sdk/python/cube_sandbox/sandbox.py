@@ -80,6 +80,11 @@ class Page(list):
         self.next_token = next_token or None
 
 
+# FORK_REQUEST_TIMEOUT is the least time fork and clone wait for cube-api's
+# answer (seconds): it makes the sandboxes one after another, each a VM restore.
+FORK_REQUEST_TIMEOUT = 600.0
+
+
 def _q(s):
     return urllib.parse.quote(s, safe="")
 
@@ -240,16 +245,22 @@ class Sandbox:
         return RollbackInfo(info)
 
     @_hybrid
-    def fork(self, count, timeout=None, all_or_nothing=False):
+    def fork(self, count, timeout=None, all_or_nothing=False, request_timeout=None):
         """Makes count sandboxes (1..100) from this one's state now: its
         processes, memory and disk (server-side: one temporary snapshot,
         always deleted). Returns one ForkResult per sandbox, in order: its
         .sandbox, or its .error (a SandboxException). all_or_nothing: when
-        one fails the server deletes the ones it made."""
+        one fails the server deletes the ones it made. request_timeout:
+        seconds to wait for the answer (default: the connection's, at least
+        FORK_REQUEST_TIMEOUT: cube-api makes the sandboxes one after another);
+        past it TimeoutException, and the request ends on the server too."""
         body = {"count": int(count), "allOrNothing": bool(all_or_nothing)}
         if timeout is not None:
             body["timeout"] = int(timeout)
-        items, _ = self._conn.call("POST", "/sandboxes/%s/fork" % _q(self.sandbox_id), body=body)
+        if request_timeout is None:
+            request_timeout = max(self._conn.request_timeout, FORK_REQUEST_TIMEOUT)
+        items, _ = self._conn.call("POST", "/sandboxes/%s/fork" % _q(self.sandbox_id), body=body,
+                                   timeout=request_timeout)
         out = []
         for it in items:
             if it.get("sandbox"):
@@ -261,19 +272,27 @@ class Sandbox:
         return out
 
     @_hybrid
-    def clone(self, n, concurrency=None, timeout=None):
+    def clone(self, n, concurrency=None, timeout=None, request_timeout=None):
         """Makes n sandboxes from this one's state now, all or nothing: on
         any failure none is kept (the server deletes what it made; any it
         returned is killed here) and CloneException says why. The temporary
         snapshot is the server's and always deleted there, so a crash of
         this client leaks none. concurrency (None: n) is checked (1..n);
-        cube-api makes a fork's sandboxes one after another."""
+        cube-api makes a fork's sandboxes one after another. request_timeout
+        as fork's: past it, or when the connection breaks, CloneException
+        too (the request's end cancels the fork on the server, which then
+        deletes the clones it made: none is kept there either)."""
         n = int(n)
         if n < 1:
             raise InvalidArgumentException("clone: n=%d: want at least 1" % n)
         if concurrency is not None and not 1 <= int(concurrency) <= n:
             raise InvalidArgumentException("clone: concurrency=%s: want 1..%d" % (concurrency, n))
-        results = self.fork(n, timeout=timeout, all_or_nothing=True)
+        try:
+            results = self.fork(n, timeout=timeout, all_or_nothing=True, request_timeout=request_timeout)
+        except SandboxException as e:
+            if e.status is not None:
+                raise  # an answer: nothing was made (400, 404, 409 …)
+            raise CloneException([e]) from None
         made = [r.sandbox for r in results if r.sandbox is not None]
         errors = [r.error for r in results if r.error is not None]
         if not errors and len(made) == n:

@@ -6,6 +6,7 @@ import json
 import queue
 import re
 import threading
+import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -24,6 +25,7 @@ class State:
         self.templates = []  # dicts, oldest first
         self.fail_at = set()  # the nth sandboxes made from snapshots (from 1) that fail
         self.made = 0
+        self.fork_delay = 0  # seconds a fork takes before it answers (a client's request_timeout)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -42,7 +44,10 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.send_header("Content-Length", str(len(raw)))
         self.end_headers()
-        self.wfile.write(raw)
+        try:
+            self.wfile.write(raw)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client left (its request_timeout)
 
     def error(self, code, message):
         self.reply(code, {"code": code, "message": message})
@@ -141,6 +146,8 @@ def fork(h, st, q, body, sid):
     if not isinstance(count, int) or not 1 <= count <= 100:
         return h.error(400, 'field "count": %r is out of range 1..100' % (count,))
     all_or_nothing = bool((body or {}).get("allOrNothing"))
+    if st.fork_delay:
+        time.sleep(st.fork_delay)
     # The temporary snapshot, as cube-api's: gone when the answer is sent.
     st.n += 1
     tmp = {"snapshotID": "%024x" % st.n, "names": [], "sandboxID": sid, "kind": "full", "inUse": False}

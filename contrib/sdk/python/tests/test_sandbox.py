@@ -3,6 +3,7 @@ discover -s tests (from contrib/sdk/python)."""
 
 import os
 import threading
+import time
 import unittest
 from unittest import mock
 
@@ -297,11 +298,87 @@ class TestForkAndClone(Base):
         # A server that answered some sandboxes beside an error: clone kills them.
         sb = Sandbox.create()
         made = Sandbox.create()
-        with mock.patch.object(Sandbox, "fork", lambda self, n, timeout=None, all_or_nothing=False: [
+        with mock.patch.object(Sandbox, "fork", lambda self, n, timeout=None, all_or_nothing=False, request_timeout=None: [
                 ForkResult(made, None), ForkResult(None, SandboxException("boom", status=500))]):
             with self.assertRaises(CloneException):
                 sb.clone(2)
         self.assertNotIn(made.sandbox_id, self.st.sandboxes)
+
+
+    def test_clone_past_its_request_timeout(self):
+        # No answer in time: CloneException holding a TimeoutException, at once (not after the fork's end).
+        sb = Sandbox.create()
+        self.st.fork_delay = 1.0
+        with self.assertRaises(CloneException) as cm:
+            sb.clone(2, request_timeout=0.2)
+        self.assertEqual(len(cm.exception.errors), 1)
+        self.assertIsInstance(cm.exception.errors[0], TimeoutException)
+        self.assertIsNone(cm.exception.errors[0].status)
+        self.assertIn("within 0.2s", str(cm.exception))
+        # fork itself raises the TimeoutException.
+        with self.assertRaises(TimeoutException):
+            sb.fork(1, request_timeout=0.2)
+        # An answer with an error status is raised as it is (nothing was made).
+        self.st.fork_delay = 0
+        with self.assertRaises(InvalidArgumentException):
+            Sandbox.clone(sb.sandbox_id, 101)
+
+    def test_fork_waits_longer_than_the_connection(self):
+        sb = Sandbox.create()
+        seen = []
+        real = sb._conn.call
+
+        def call(method, path, query=None, body=None, data=None, timeout=None):
+            seen.append(timeout)
+            return real(method, path, query, body, data, timeout)
+        with mock.patch.object(sb._conn, "call", call):
+            sb.fork(1)
+            sb.fork(1, request_timeout=7)
+        self.assertEqual(seen, [600.0, 7])
+
+
+class TestTransport(unittest.TestCase):
+    """Failures below HTTP are SandboxExceptions (status None), not socket or http.client errors."""
+
+    def serve_once(self, answer):
+        # A server that reads the request, then sends answer (bytes) and closes.
+        import socket
+        ln = socket.socket()
+        ln.bind(("127.0.0.1", 0))
+        ln.listen(1)
+        self.addCleanup(ln.close)
+
+        def run():
+            c, _ = ln.accept()
+            with c:
+                c.recv(65536)
+                if answer is None:
+                    time.sleep(1.0)
+                    return
+                c.sendall(answer)
+        threading.Thread(target=run, daemon=True).start()
+        return ConnectionConfig("http://127.0.0.1:%d" % ln.getsockname()[1], "k", request_timeout=0.2)
+
+    def test_closed_without_answer(self):
+        conn = self.serve_once(b"")
+        with self.assertRaises(SandboxException) as cm:
+            conn.call("GET", "/v2/sandboxes")
+        self.assertIsNone(cm.exception.status)
+        self.assertIn("GET /v2/sandboxes: the connection to cube-api", str(cm.exception))
+
+    def test_body_cut_short(self):
+        conn = self.serve_once(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n[1,")
+        with self.assertRaises(SandboxException) as cm:
+            conn.call("GET", "/v2/sandboxes")
+        self.assertIsNone(cm.exception.status)
+        self.assertIn("IncompleteRead", str(cm.exception))
+
+    def test_no_answer_in_time(self):
+        conn = self.serve_once(None)
+        with self.assertRaises(TimeoutException) as cm:
+            conn.call("GET", "/v2/sandboxes")
+        self.assertIsNone(cm.exception.status)
+        self.assertIn("within 0.2s", str(cm.exception))
 
 
 class TestTemplates(Base):
@@ -364,3 +441,27 @@ class TestFiles(Base):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestAcceptanceScript(unittest.TestCase):
+    """examples/acceptance.py needs a real cube-api (make e2e-sdk); here only its refusal of a missing setting,
+    so that a script that no longer loads or parses its settings fails the unit suite."""
+
+    def run_script(self, env):
+        import subprocess
+        import sys
+        script = os.path.join(os.path.dirname(__file__), "..", "examples", "acceptance.py")
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("CUBE_")}
+        return subprocess.run([sys.executable, "-B", script], env=dict(clean, **env), capture_output=True, text=True,
+                              timeout=60)
+
+    def test_names_what_is_missing(self):
+        r = self.run_script({})
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("CUBE_TEMPLATE_ID is not set", r.stderr)
+        r = self.run_script({"CUBE_TEMPLATE_ID": "busybox", "CUBE_WORKER_BIN": "/nonexistent/worker"})
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("CUBE_WORKER_BIN='/nonexistent/worker' is not a file", r.stderr)
+        r = self.run_script({"CUBE_TEMPLATE_ID": "busybox", "CUBE_WORKER_BIN": __file__})
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("CUBE_ACCEPTANCE_CONTROL_URL is not set", r.stderr)
