@@ -61,7 +61,7 @@ func BlockDevices(spec *specs.Spec) ([]specs.LinuxDevice, error) {
 			out = append(out, d)
 		case "c", "u":
 			if !standardChar[d.Path] {
-				return nil, fmt.Errorf("character device %s (%d:%d) cannot be passed into a Cube VM (only raw block volumes and the standard devices /dev/null, zero, full, random, urandom, tty, console, ptmx, fuse, net/tun are); remove it from the container's devices or run the pod under runc: %w",
+				return nil, fmt.Errorf("character device %s (%d:%d) cannot be passed into a Cube VM (only raw block volumes and the standard devices /dev/null, zero, full, random, urandom, tty, console, ptmx, fuse, net/tun are); remove it from the container's devices or run the pod under runc (a privileged container lists every host device: under CRI set privileged_without_host_devices = true for the runtime, as contrib/containerd/cube-runtime.toml does): %w",
 					d.Path, d.Major, d.Minor, errdefs.ErrInvalidArgument)
 			}
 		}
