@@ -1,7 +1,6 @@
 package shim
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -72,7 +71,7 @@ func TestCRIPodBlockVolume(t *testing.T) {
 	if !strings.Contains(out, hostMark) {
 		t.Errorf("the container read %q from /dev/xvda at 4096, want the host's %q (is the slot's medium the loop device?)", out, hostMark)
 	}
-	if got := readAt(t, dev, 0, len(guestMark)); got != guestMark {
+	if got := readAt(t, dev, 0, guestMark); got != guestMark {
 		t.Errorf("host read %q from %s, want the container's marker %q", got, dev, guestMark)
 	}
 	if h := holders(claims); len(h) != 1 {
@@ -106,7 +105,7 @@ func TestCRIPodBlockVolume(t *testing.T) {
 	if _, err := c.crictl("exec", "-s", d.id, "sh", "-c", "echo "+again+" | busybox dd of=/dev/xvda conv=fsync 2>&1"); err != nil {
 		t.Fatal(err)
 	}
-	if got := readAt(t, dev, 0, len(again)); got != again {
+	if got := readAt(t, dev, 0, again); got != again {
 		t.Errorf("host read %q, want pod B's marker %q", got, again)
 	}
 	// Deleting the container (its pod runs on) gives the device back.
@@ -190,11 +189,12 @@ func writeAt(t *testing.T, dev string, off int64, s string) {
 	}
 }
 
-// readAt reads n bytes of dev at off, polling a while (the guest's write
-// reaches the device through the VMM).
-func readAt(t *testing.T, dev string, off int64, n int) string {
+// readAt reads len(want) bytes of dev at off until they are want (30 s at
+// most: the guest's write reaches the device through the VMM) and returns
+// the last read.
+func readAt(t *testing.T, dev string, off int64, want string) string {
 	t.Helper()
-	buf := make([]byte, n)
+	buf := make([]byte, len(want))
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(300 * time.Millisecond) {
 		f, err := os.Open(dev)
 		if err != nil {
@@ -210,7 +210,7 @@ func readAt(t *testing.T, dev string, off int64, n int) string {
 		if err != nil {
 			t.Fatalf("read %s: %v", dev, err)
 		}
-		if !bytes.Equal(buf, make([]byte, n)) || time.Now().After(deadline) {
+		if string(buf) == want || time.Now().After(deadline) {
 			return string(buf)
 		}
 	}
