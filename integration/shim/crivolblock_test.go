@@ -43,7 +43,8 @@ const blockVolumeSize = 4 << 20
 // asking for the same device read-write is refused with the claim error
 // (naming the device and the holder). After the first pod is removed its
 // slot and claim are gone: the second pod's new container takes the device,
-// and deleting that container releases the claim while its pod runs.
+// and deleting that container releases the claim while its pod runs. A
+// read-only container (permissions "r") reads the device and cannot write it.
 func TestCRIPodBlockVolume(t *testing.T) {
 	c := startCRI(t)
 	img := filepath.Join(c.Dir, "blockvol.img")
@@ -115,6 +116,22 @@ func TestCRIPodBlockVolume(t *testing.T) {
 	}
 	if h := holders(claims); len(h) != 0 {
 		t.Errorf("claims after the container's removal: %v", h)
+	}
+	// Read-only (CRI permissions "r"): the guest reads the device, its
+	// writes fail (the VMM's read-only medium), the host's bytes stay.
+	r := createStartBlock(t, c, podB, "reader", dev, "r")
+	if r.err != nil {
+		t.Fatalf("read-only container: %v", r.err)
+	}
+	out, err = c.crictl("exec", "-s", r.id, "sh", "-c", "busybox dd if=/dev/xvda bs="+fmt.Sprint(len(again))+" count=1 2>/dev/null")
+	if err != nil || out != again {
+		t.Errorf("read-only container read %q (%v), want %q", out, err, again)
+	}
+	if out, err := c.crictl("exec", "-s", r.id, "sh", "-c", "echo overwritten | busybox dd of=/dev/xvda conv=fsync"); err == nil {
+		t.Errorf("a write to the read-only block volume succeeded: %q", out)
+	}
+	if got := readAt(t, dev, 0, again); got != again {
+		t.Errorf("after the read-only container's write, the host reads %q, want %q", got, again)
 	}
 	c.crictl("stopp", podB.id)
 	if _, err := c.crictl("rmp", podB.id); err != nil {
