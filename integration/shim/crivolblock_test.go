@@ -124,7 +124,7 @@ func TestCRIPodBlockVolume(t *testing.T) {
 		t.Fatalf("read-only container: %v", r.err)
 	}
 	out, err = c.crictl("exec", "-s", r.id, "sh", "-c", "busybox dd if=/dev/xvda bs="+fmt.Sprint(len(again))+" count=1 2>/dev/null")
-	if err != nil || out != again {
+	if err != nil || strings.TrimSpace(out) != again { // crictl exec ends its output with newlines
 		t.Errorf("read-only container read %q (%v), want %q", out, err, again)
 	}
 	if out, err := c.crictl("exec", "-s", r.id, "sh", "-c", "echo overwritten | busybox dd of=/dev/xvda conv=fsync"); err == nil {
