@@ -75,7 +75,7 @@ func (x TreeEntry_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TreeEntry_Kind.Descriptor instead.
 func (TreeEntry_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{54, 0}
+	return file_agent_proto_rawDescGZIP(), []int{56, 0}
 }
 
 type Empty struct {
@@ -448,6 +448,132 @@ func (x *MountDiskResponse) GetDevice() string {
 	return ""
 }
 
+type BlockDeviceRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Serial of the block device as in /sys/block/<dev>/serial.
+	Serial string `protobuf:"bytes,1,opt,name=serial,proto3" json:"serial,omitempty"`
+	// The medium's size in bytes: the agent waits (bounded) until the
+	// device has this capacity (the media change reaches the guest's
+	// driver asynchronously). 0: no wait.
+	SizeBytes     uint64 `protobuf:"varint,2,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BlockDeviceRequest) Reset() {
+	*x = BlockDeviceRequest{}
+	mi := &file_agent_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BlockDeviceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BlockDeviceRequest) ProtoMessage() {}
+
+func (x *BlockDeviceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BlockDeviceRequest.ProtoReflect.Descriptor instead.
+func (*BlockDeviceRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *BlockDeviceRequest) GetSerial() string {
+	if x != nil {
+		return x.Serial
+	}
+	return ""
+}
+
+func (x *BlockDeviceRequest) GetSizeBytes() uint64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+type BlockDeviceResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The guest's node, e.g. /dev/vdc.
+	Device string `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"`
+	Major  uint32 `protobuf:"varint,2,opt,name=major,proto3" json:"major,omitempty"`
+	Minor  uint32 `protobuf:"varint,3,opt,name=minor,proto3" json:"minor,omitempty"`
+	// Capacity the guest sees, in bytes.
+	SizeBytes     uint64 `protobuf:"varint,4,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BlockDeviceResponse) Reset() {
+	*x = BlockDeviceResponse{}
+	mi := &file_agent_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BlockDeviceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BlockDeviceResponse) ProtoMessage() {}
+
+func (x *BlockDeviceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BlockDeviceResponse.ProtoReflect.Descriptor instead.
+func (*BlockDeviceResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *BlockDeviceResponse) GetDevice() string {
+	if x != nil {
+		return x.Device
+	}
+	return ""
+}
+
+func (x *BlockDeviceResponse) GetMajor() uint32 {
+	if x != nil {
+		return x.Major
+	}
+	return 0
+}
+
+func (x *BlockDeviceResponse) GetMinor() uint32 {
+	if x != nil {
+		return x.Minor
+	}
+	return 0
+}
+
+func (x *BlockDeviceResponse) GetSizeBytes() uint64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
 type UnmountDiskRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	MountPoint    string                 `protobuf:"bytes,1,opt,name=mount_point,json=mountPoint,proto3" json:"mount_point,omitempty"`
@@ -457,7 +583,7 @@ type UnmountDiskRequest struct {
 
 func (x *UnmountDiskRequest) Reset() {
 	*x = UnmountDiskRequest{}
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -469,7 +595,7 @@ func (x *UnmountDiskRequest) String() string {
 func (*UnmountDiskRequest) ProtoMessage() {}
 
 func (x *UnmountDiskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -482,7 +608,7 @@ func (x *UnmountDiskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnmountDiskRequest.ProtoReflect.Descriptor instead.
 func (*UnmountDiskRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *UnmountDiskRequest) GetMountPoint() string {
@@ -507,7 +633,7 @@ type Stdio struct {
 
 func (x *Stdio) Reset() {
 	*x = Stdio{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -519,7 +645,7 @@ func (x *Stdio) String() string {
 func (*Stdio) ProtoMessage() {}
 
 func (x *Stdio) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -532,7 +658,7 @@ func (x *Stdio) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stdio.ProtoReflect.Descriptor instead.
 func (*Stdio) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Stdio) GetStdin() bool {
@@ -570,7 +696,7 @@ type CreateContainerRequest struct {
 
 func (x *CreateContainerRequest) Reset() {
 	*x = CreateContainerRequest{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -582,7 +708,7 @@ func (x *CreateContainerRequest) String() string {
 func (*CreateContainerRequest) ProtoMessage() {}
 
 func (x *CreateContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -595,7 +721,7 @@ func (x *CreateContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContainerRequest.ProtoReflect.Descriptor instead.
 func (*CreateContainerRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CreateContainerRequest) GetContainerId() string {
@@ -635,7 +761,7 @@ type CreateContainerResponse struct {
 
 func (x *CreateContainerResponse) Reset() {
 	*x = CreateContainerResponse{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -647,7 +773,7 @@ func (x *CreateContainerResponse) String() string {
 func (*CreateContainerResponse) ProtoMessage() {}
 
 func (x *CreateContainerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -660,7 +786,7 @@ func (x *CreateContainerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContainerResponse.ProtoReflect.Descriptor instead.
 func (*CreateContainerResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CreateContainerResponse) GetPid() uint32 {
@@ -683,7 +809,7 @@ type ExecProcessRequest struct {
 
 func (x *ExecProcessRequest) Reset() {
 	*x = ExecProcessRequest{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -695,7 +821,7 @@ func (x *ExecProcessRequest) String() string {
 func (*ExecProcessRequest) ProtoMessage() {}
 
 func (x *ExecProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -708,7 +834,7 @@ func (x *ExecProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecProcessRequest.ProtoReflect.Descriptor instead.
 func (*ExecProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ExecProcessRequest) GetContainerId() string {
@@ -748,7 +874,7 @@ type ExecProcessResponse struct {
 
 func (x *ExecProcessResponse) Reset() {
 	*x = ExecProcessResponse{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -760,7 +886,7 @@ func (x *ExecProcessResponse) String() string {
 func (*ExecProcessResponse) ProtoMessage() {}
 
 func (x *ExecProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -773,7 +899,7 @@ func (x *ExecProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecProcessResponse.ProtoReflect.Descriptor instead.
 func (*ExecProcessResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExecProcessResponse) GetPid() uint32 {
@@ -793,7 +919,7 @@ type StartRequest struct {
 
 func (x *StartRequest) Reset() {
 	*x = StartRequest{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -805,7 +931,7 @@ func (x *StartRequest) String() string {
 func (*StartRequest) ProtoMessage() {}
 
 func (x *StartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -818,7 +944,7 @@ func (x *StartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRequest.ProtoReflect.Descriptor instead.
 func (*StartRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *StartRequest) GetContainerId() string {
@@ -844,7 +970,7 @@ type StartResponse struct {
 
 func (x *StartResponse) Reset() {
 	*x = StartResponse{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -856,7 +982,7 @@ func (x *StartResponse) String() string {
 func (*StartResponse) ProtoMessage() {}
 
 func (x *StartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -869,7 +995,7 @@ func (x *StartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartResponse.ProtoReflect.Descriptor instead.
 func (*StartResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *StartResponse) GetPid() uint32 {
@@ -891,7 +1017,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -903,7 +1029,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -916,7 +1042,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SignalRequest) GetContainerId() string {
@@ -957,7 +1083,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -969,7 +1095,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -982,7 +1108,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *WaitRequest) GetContainerId() string {
@@ -1012,7 +1138,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1024,7 +1150,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1037,7 +1163,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WaitResponse) GetExitStatus() uint32 {
@@ -1071,7 +1197,7 @@ type StateRequest struct {
 
 func (x *StateRequest) Reset() {
 	*x = StateRequest{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1083,7 +1209,7 @@ func (x *StateRequest) String() string {
 func (*StateRequest) ProtoMessage() {}
 
 func (x *StateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1096,7 +1222,7 @@ func (x *StateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateRequest.ProtoReflect.Descriptor instead.
 func (*StateRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *StateRequest) GetContainerId() string {
@@ -1126,7 +1252,7 @@ type StateResponse struct {
 
 func (x *StateResponse) Reset() {
 	*x = StateResponse{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1138,7 +1264,7 @@ func (x *StateResponse) String() string {
 func (*StateResponse) ProtoMessage() {}
 
 func (x *StateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1151,7 +1277,7 @@ func (x *StateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateResponse.ProtoReflect.Descriptor instead.
 func (*StateResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *StateResponse) GetStatus() string {
@@ -1192,7 +1318,7 @@ type CloseStdinRequest struct {
 
 func (x *CloseStdinRequest) Reset() {
 	*x = CloseStdinRequest{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1204,7 +1330,7 @@ func (x *CloseStdinRequest) String() string {
 func (*CloseStdinRequest) ProtoMessage() {}
 
 func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1217,7 +1343,7 @@ func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdinRequest.ProtoReflect.Descriptor instead.
 func (*CloseStdinRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CloseStdinRequest) GetContainerId() string {
@@ -1246,7 +1372,7 @@ type ResizePtyRequest struct {
 
 func (x *ResizePtyRequest) Reset() {
 	*x = ResizePtyRequest{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1258,7 +1384,7 @@ func (x *ResizePtyRequest) String() string {
 func (*ResizePtyRequest) ProtoMessage() {}
 
 func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1271,7 +1397,7 @@ func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyRequest.ProtoReflect.Descriptor instead.
 func (*ResizePtyRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ResizePtyRequest) GetContainerId() string {
@@ -1311,7 +1437,7 @@ type ListPidsRequest struct {
 
 func (x *ListPidsRequest) Reset() {
 	*x = ListPidsRequest{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1323,7 +1449,7 @@ func (x *ListPidsRequest) String() string {
 func (*ListPidsRequest) ProtoMessage() {}
 
 func (x *ListPidsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1336,7 +1462,7 @@ func (x *ListPidsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPidsRequest.ProtoReflect.Descriptor instead.
 func (*ListPidsRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListPidsRequest) GetContainerId() string {
@@ -1355,7 +1481,7 @@ type ListPidsResponse struct {
 
 func (x *ListPidsResponse) Reset() {
 	*x = ListPidsResponse{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1367,7 +1493,7 @@ func (x *ListPidsResponse) String() string {
 func (*ListPidsResponse) ProtoMessage() {}
 
 func (x *ListPidsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1380,7 +1506,7 @@ func (x *ListPidsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPidsResponse.ProtoReflect.Descriptor instead.
 func (*ListPidsResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListPidsResponse) GetPids() []uint32 {
@@ -1400,7 +1526,7 @@ type RenameContainerRequest struct {
 
 func (x *RenameContainerRequest) Reset() {
 	*x = RenameContainerRequest{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1412,7 +1538,7 @@ func (x *RenameContainerRequest) String() string {
 func (*RenameContainerRequest) ProtoMessage() {}
 
 func (x *RenameContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1425,7 +1551,7 @@ func (x *RenameContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameContainerRequest.ProtoReflect.Descriptor instead.
 func (*RenameContainerRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RenameContainerRequest) GetContainerId() string {
@@ -1452,7 +1578,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1464,7 +1590,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1477,7 +1603,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListProcessesRequest) GetContainerId() string {
@@ -1497,7 +1623,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1509,7 +1635,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1522,7 +1648,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -1552,7 +1678,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1564,7 +1690,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1577,7 +1703,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ProcessInfo) GetContainerId() string {
@@ -1647,7 +1773,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1659,7 +1785,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1672,7 +1798,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{28}
+	return file_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DeleteRequest) GetContainerId() string {
@@ -1706,7 +1832,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1718,7 +1844,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1731,7 +1857,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{29}
+	return file_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *DeleteResponse) GetExitStatus() uint32 {
@@ -1757,7 +1883,7 @@ type FreezeRequest struct {
 
 func (x *FreezeRequest) Reset() {
 	*x = FreezeRequest{}
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1769,7 +1895,7 @@ func (x *FreezeRequest) String() string {
 func (*FreezeRequest) ProtoMessage() {}
 
 func (x *FreezeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1782,7 +1908,7 @@ func (x *FreezeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FreezeRequest.ProtoReflect.Descriptor instead.
 func (*FreezeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{30}
+	return file_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *FreezeRequest) GetMountPoints() []string {
@@ -1801,7 +1927,7 @@ type FreezeResponse struct {
 
 func (x *FreezeResponse) Reset() {
 	*x = FreezeResponse{}
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1813,7 +1939,7 @@ func (x *FreezeResponse) String() string {
 func (*FreezeResponse) ProtoMessage() {}
 
 func (x *FreezeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1826,7 +1952,7 @@ func (x *FreezeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FreezeResponse.ProtoReflect.Descriptor instead.
 func (*FreezeResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{31}
+	return file_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *FreezeResponse) GetFrozen() []string {
@@ -1845,7 +1971,7 @@ type ThawRequest struct {
 
 func (x *ThawRequest) Reset() {
 	*x = ThawRequest{}
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1857,7 +1983,7 @@ func (x *ThawRequest) String() string {
 func (*ThawRequest) ProtoMessage() {}
 
 func (x *ThawRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1870,7 +1996,7 @@ func (x *ThawRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ThawRequest.ProtoReflect.Descriptor instead.
 func (*ThawRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{32}
+	return file_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ThawRequest) GetMountPoints() []string {
@@ -1889,7 +2015,7 @@ type SetTimeRequest struct {
 
 func (x *SetTimeRequest) Reset() {
 	*x = SetTimeRequest{}
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1901,7 +2027,7 @@ func (x *SetTimeRequest) String() string {
 func (*SetTimeRequest) ProtoMessage() {}
 
 func (x *SetTimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1914,7 +2040,7 @@ func (x *SetTimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeRequest.ProtoReflect.Descriptor instead.
 func (*SetTimeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{33}
+	return file_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *SetTimeRequest) GetUnixNano() int64 {
@@ -1934,7 +2060,7 @@ type ReseedRandomRequest struct {
 
 func (x *ReseedRandomRequest) Reset() {
 	*x = ReseedRandomRequest{}
-	mi := &file_agent_proto_msgTypes[34]
+	mi := &file_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1946,7 +2072,7 @@ func (x *ReseedRandomRequest) String() string {
 func (*ReseedRandomRequest) ProtoMessage() {}
 
 func (x *ReseedRandomRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[34]
+	mi := &file_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1959,7 +2085,7 @@ func (x *ReseedRandomRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReseedRandomRequest.ProtoReflect.Descriptor instead.
 func (*ReseedRandomRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{34}
+	return file_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ReseedRandomRequest) GetEntropy() []byte {
@@ -1982,7 +2108,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_agent_proto_msgTypes[35]
+	mi := &file_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1994,7 +2120,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[35]
+	mi := &file_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2007,7 +2133,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{35}
+	return file_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ReadFileRequest) GetContainerId() string {
@@ -2050,7 +2176,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_agent_proto_msgTypes[36]
+	mi := &file_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2062,7 +2188,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[36]
+	mi := &file_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2075,7 +2201,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{36}
+	return file_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ReadFileResponse) GetData() []byte {
@@ -2125,7 +2251,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_agent_proto_msgTypes[37]
+	mi := &file_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2137,7 +2263,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[37]
+	mi := &file_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2150,7 +2276,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{37}
+	return file_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *WriteFileRequest) GetContainerId() string {
@@ -2218,7 +2344,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_agent_proto_msgTypes[38]
+	mi := &file_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2230,7 +2356,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[38]
+	mi := &file_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2243,7 +2369,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{38}
+	return file_agent_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *WriteFileResponse) GetSize() int64 {
@@ -2274,7 +2400,7 @@ type FileStat struct {
 
 func (x *FileStat) Reset() {
 	*x = FileStat{}
-	mi := &file_agent_proto_msgTypes[39]
+	mi := &file_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2286,7 +2412,7 @@ func (x *FileStat) String() string {
 func (*FileStat) ProtoMessage() {}
 
 func (x *FileStat) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[39]
+	mi := &file_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2299,7 +2425,7 @@ func (x *FileStat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileStat.ProtoReflect.Descriptor instead.
 func (*FileStat) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{39}
+	return file_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *FileStat) GetName() []byte {
@@ -2368,7 +2494,7 @@ type StatFileRequest struct {
 
 func (x *StatFileRequest) Reset() {
 	*x = StatFileRequest{}
-	mi := &file_agent_proto_msgTypes[40]
+	mi := &file_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2380,7 +2506,7 @@ func (x *StatFileRequest) String() string {
 func (*StatFileRequest) ProtoMessage() {}
 
 func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[40]
+	mi := &file_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2393,7 +2519,7 @@ func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFileRequest.ProtoReflect.Descriptor instead.
 func (*StatFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{40}
+	return file_agent_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *StatFileRequest) GetContainerId() string {
@@ -2419,7 +2545,7 @@ type StatFileResponse struct {
 
 func (x *StatFileResponse) Reset() {
 	*x = StatFileResponse{}
-	mi := &file_agent_proto_msgTypes[41]
+	mi := &file_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2431,7 +2557,7 @@ func (x *StatFileResponse) String() string {
 func (*StatFileResponse) ProtoMessage() {}
 
 func (x *StatFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[41]
+	mi := &file_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2444,7 +2570,7 @@ func (x *StatFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFileResponse.ProtoReflect.Descriptor instead.
 func (*StatFileResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{41}
+	return file_agent_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *StatFileResponse) GetStat() *FileStat {
@@ -2468,7 +2594,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_agent_proto_msgTypes[42]
+	mi := &file_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2480,7 +2606,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[42]
+	mi := &file_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2493,7 +2619,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{42}
+	return file_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListDirRequest) GetContainerId() string {
@@ -2535,7 +2661,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_agent_proto_msgTypes[43]
+	mi := &file_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2547,7 +2673,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[43]
+	mi := &file_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2560,7 +2686,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{43}
+	return file_agent_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileStat {
@@ -2588,7 +2714,7 @@ type RemoveFileRequest struct {
 
 func (x *RemoveFileRequest) Reset() {
 	*x = RemoveFileRequest{}
-	mi := &file_agent_proto_msgTypes[44]
+	mi := &file_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2600,7 +2726,7 @@ func (x *RemoveFileRequest) String() string {
 func (*RemoveFileRequest) ProtoMessage() {}
 
 func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[44]
+	mi := &file_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2613,7 +2739,7 @@ func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveFileRequest.ProtoReflect.Descriptor instead.
 func (*RemoveFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{44}
+	return file_agent_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *RemoveFileRequest) GetContainerId() string {
@@ -2649,7 +2775,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_agent_proto_msgTypes[45]
+	mi := &file_agent_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2661,7 +2787,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[45]
+	mi := &file_agent_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2674,7 +2800,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{45}
+	return file_agent_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *MakeDirRequest) GetContainerId() string {
@@ -2708,7 +2834,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_agent_proto_msgTypes[46]
+	mi := &file_agent_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2720,7 +2846,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[46]
+	mi := &file_agent_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2733,7 +2859,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{46}
+	return file_agent_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *MakeDirResponse) GetCreated() bool {
@@ -2751,7 +2877,7 @@ type PowerOffRequest struct {
 
 func (x *PowerOffRequest) Reset() {
 	*x = PowerOffRequest{}
-	mi := &file_agent_proto_msgTypes[47]
+	mi := &file_agent_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2763,7 +2889,7 @@ func (x *PowerOffRequest) String() string {
 func (*PowerOffRequest) ProtoMessage() {}
 
 func (x *PowerOffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[47]
+	mi := &file_agent_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2776,7 +2902,7 @@ func (x *PowerOffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerOffRequest.ProtoReflect.Descriptor instead.
 func (*PowerOffRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{47}
+	return file_agent_proto_rawDescGZIP(), []int{49}
 }
 
 // ConfigureNetworkRequest is the guest's whole network configuration.
@@ -2791,7 +2917,7 @@ type ConfigureNetworkRequest struct {
 
 func (x *ConfigureNetworkRequest) Reset() {
 	*x = ConfigureNetworkRequest{}
-	mi := &file_agent_proto_msgTypes[48]
+	mi := &file_agent_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2803,7 +2929,7 @@ func (x *ConfigureNetworkRequest) String() string {
 func (*ConfigureNetworkRequest) ProtoMessage() {}
 
 func (x *ConfigureNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[48]
+	mi := &file_agent_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2816,7 +2942,7 @@ func (x *ConfigureNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureNetworkRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{48}
+	return file_agent_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ConfigureNetworkRequest) GetInterfaces() []*NetInterface {
@@ -2859,7 +2985,7 @@ type NetInterface struct {
 
 func (x *NetInterface) Reset() {
 	*x = NetInterface{}
-	mi := &file_agent_proto_msgTypes[49]
+	mi := &file_agent_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2871,7 +2997,7 @@ func (x *NetInterface) String() string {
 func (*NetInterface) ProtoMessage() {}
 
 func (x *NetInterface) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[49]
+	mi := &file_agent_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2884,7 +3010,7 @@ func (x *NetInterface) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetInterface.ProtoReflect.Descriptor instead.
 func (*NetInterface) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{49}
+	return file_agent_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *NetInterface) GetMac() string {
@@ -2942,7 +3068,7 @@ type NetRoute struct {
 
 func (x *NetRoute) Reset() {
 	*x = NetRoute{}
-	mi := &file_agent_proto_msgTypes[50]
+	mi := &file_agent_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2954,7 +3080,7 @@ func (x *NetRoute) String() string {
 func (*NetRoute) ProtoMessage() {}
 
 func (x *NetRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[50]
+	mi := &file_agent_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2967,7 +3093,7 @@ func (x *NetRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetRoute.ProtoReflect.Descriptor instead.
 func (*NetRoute) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{50}
+	return file_agent_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *NetRoute) GetDestination() string {
@@ -2996,7 +3122,7 @@ type DNSConfig struct {
 
 func (x *DNSConfig) Reset() {
 	*x = DNSConfig{}
-	mi := &file_agent_proto_msgTypes[51]
+	mi := &file_agent_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3008,7 +3134,7 @@ func (x *DNSConfig) String() string {
 func (*DNSConfig) ProtoMessage() {}
 
 func (x *DNSConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[51]
+	mi := &file_agent_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3021,7 +3147,7 @@ func (x *DNSConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DNSConfig.ProtoReflect.Descriptor instead.
 func (*DNSConfig) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{51}
+	return file_agent_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *DNSConfig) GetNameservers() []string {
@@ -3055,7 +3181,7 @@ type ConfigureNetworkResponse struct {
 
 func (x *ConfigureNetworkResponse) Reset() {
 	*x = ConfigureNetworkResponse{}
-	mi := &file_agent_proto_msgTypes[52]
+	mi := &file_agent_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3067,7 +3193,7 @@ func (x *ConfigureNetworkResponse) String() string {
 func (*ConfigureNetworkResponse) ProtoMessage() {}
 
 func (x *ConfigureNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[52]
+	mi := &file_agent_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3080,7 +3206,7 @@ func (x *ConfigureNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureNetworkResponse.ProtoReflect.Descriptor instead.
 func (*ConfigureNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{52}
+	return file_agent_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ConfigureNetworkResponse) GetInterfaces() []string {
@@ -3110,7 +3236,7 @@ type PrepareVolumeRequest struct {
 
 func (x *PrepareVolumeRequest) Reset() {
 	*x = PrepareVolumeRequest{}
-	mi := &file_agent_proto_msgTypes[53]
+	mi := &file_agent_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3122,7 +3248,7 @@ func (x *PrepareVolumeRequest) String() string {
 func (*PrepareVolumeRequest) ProtoMessage() {}
 
 func (x *PrepareVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[53]
+	mi := &file_agent_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3135,7 +3261,7 @@ func (x *PrepareVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareVolumeRequest.ProtoReflect.Descriptor instead.
 func (*PrepareVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{53}
+	return file_agent_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *PrepareVolumeRequest) GetPath() string {
@@ -3194,7 +3320,7 @@ type TreeEntry struct {
 
 func (x *TreeEntry) Reset() {
 	*x = TreeEntry{}
-	mi := &file_agent_proto_msgTypes[54]
+	mi := &file_agent_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3206,7 +3332,7 @@ func (x *TreeEntry) String() string {
 func (*TreeEntry) ProtoMessage() {}
 
 func (x *TreeEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[54]
+	mi := &file_agent_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3219,7 +3345,7 @@ func (x *TreeEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeEntry.ProtoReflect.Descriptor instead.
 func (*TreeEntry) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{54}
+	return file_agent_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *TreeEntry) GetPath() string {
@@ -3288,7 +3414,7 @@ type SyncTreeRequest struct {
 
 func (x *SyncTreeRequest) Reset() {
 	*x = SyncTreeRequest{}
-	mi := &file_agent_proto_msgTypes[55]
+	mi := &file_agent_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3300,7 +3426,7 @@ func (x *SyncTreeRequest) String() string {
 func (*SyncTreeRequest) ProtoMessage() {}
 
 func (x *SyncTreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[55]
+	mi := &file_agent_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3313,7 +3439,7 @@ func (x *SyncTreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncTreeRequest.ProtoReflect.Descriptor instead.
 func (*SyncTreeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{55}
+	return file_agent_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *SyncTreeRequest) GetDir() string {
@@ -3362,7 +3488,7 @@ type SyncTreeResponse struct {
 
 func (x *SyncTreeResponse) Reset() {
 	*x = SyncTreeResponse{}
-	mi := &file_agent_proto_msgTypes[56]
+	mi := &file_agent_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3374,7 +3500,7 @@ func (x *SyncTreeResponse) String() string {
 func (*SyncTreeResponse) ProtoMessage() {}
 
 func (x *SyncTreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[56]
+	mi := &file_agent_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3387,7 +3513,7 @@ func (x *SyncTreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncTreeResponse.ProtoReflect.Descriptor instead.
 func (*SyncTreeResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{56}
+	return file_agent_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *SyncTreeResponse) GetWritten() uint32 {
@@ -3432,7 +3558,17 @@ const file_agent_proto_rawDesc = "" +
 	"\x11MountDiskResponse\x12\x1f\n" +
 	"\vmount_point\x18\x01 \x01(\tR\n" +
 	"mountPoint\x12\x16\n" +
-	"\x06device\x18\x02 \x01(\tR\x06device\"5\n" +
+	"\x06device\x18\x02 \x01(\tR\x06device\"K\n" +
+	"\x12BlockDeviceRequest\x12\x16\n" +
+	"\x06serial\x18\x01 \x01(\tR\x06serial\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x02 \x01(\x04R\tsizeBytes\"x\n" +
+	"\x13BlockDeviceResponse\x12\x16\n" +
+	"\x06device\x18\x01 \x01(\tR\x06device\x12\x14\n" +
+	"\x05major\x18\x02 \x01(\rR\x05major\x12\x14\n" +
+	"\x05minor\x18\x03 \x01(\rR\x05minor\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x04 \x01(\x04R\tsizeBytes\"5\n" +
 	"\x12UnmountDiskRequest\x12\x1f\n" +
 	"\vmount_point\x18\x01 \x01(\tR\n" +
 	"mountPoint\"M\n" +
@@ -3632,12 +3768,13 @@ const file_agent_proto_rawDesc = "" +
 	"\aentries\x18\x05 \x03(\v2\x18.cube.agent.v1.TreeEntryR\aentries\"F\n" +
 	"\x10SyncTreeResponse\x12\x18\n" +
 	"\awritten\x18\x01 \x01(\rR\awritten\x12\x18\n" +
-	"\aremoved\x18\x02 \x01(\rR\aremoved2\x9d\x12\n" +
+	"\aremoved\x18\x02 \x01(\rR\aremoved2\xf3\x12\n" +
 	"\x05Agent\x12H\n" +
 	"\aVersion\x12\x1d.cube.agent.v1.VersionRequest\x1a\x1e.cube.agent.v1.VersionResponse\x12E\n" +
 	"\x06Health\x12\x1c.cube.agent.v1.HealthRequest\x1a\x1d.cube.agent.v1.HealthResponse\x12N\n" +
 	"\tMountDisk\x12\x1f.cube.agent.v1.MountDiskRequest\x1a .cube.agent.v1.MountDiskResponse\x12F\n" +
-	"\vUnmountDisk\x12!.cube.agent.v1.UnmountDiskRequest\x1a\x14.cube.agent.v1.Empty\x12`\n" +
+	"\vUnmountDisk\x12!.cube.agent.v1.UnmountDiskRequest\x1a\x14.cube.agent.v1.Empty\x12T\n" +
+	"\vBlockDevice\x12!.cube.agent.v1.BlockDeviceRequest\x1a\".cube.agent.v1.BlockDeviceResponse\x12`\n" +
 	"\x0fCreateContainer\x12%.cube.agent.v1.CreateContainerRequest\x1a&.cube.agent.v1.CreateContainerResponse\x12T\n" +
 	"\vExecProcess\x12!.cube.agent.v1.ExecProcessRequest\x1a\".cube.agent.v1.ExecProcessResponse\x12B\n" +
 	"\x05Start\x12\x1b.cube.agent.v1.StartRequest\x1a\x1c.cube.agent.v1.StartResponse\x12<\n" +
@@ -3681,7 +3818,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
 var file_agent_proto_goTypes = []any{
 	(TreeEntry_Kind)(0),              // 0: cube.agent.v1.TreeEntry.Kind
 	(*Empty)(nil),                    // 1: cube.agent.v1.Empty
@@ -3691,133 +3828,137 @@ var file_agent_proto_goTypes = []any{
 	(*HealthResponse)(nil),           // 5: cube.agent.v1.HealthResponse
 	(*MountDiskRequest)(nil),         // 6: cube.agent.v1.MountDiskRequest
 	(*MountDiskResponse)(nil),        // 7: cube.agent.v1.MountDiskResponse
-	(*UnmountDiskRequest)(nil),       // 8: cube.agent.v1.UnmountDiskRequest
-	(*Stdio)(nil),                    // 9: cube.agent.v1.Stdio
-	(*CreateContainerRequest)(nil),   // 10: cube.agent.v1.CreateContainerRequest
-	(*CreateContainerResponse)(nil),  // 11: cube.agent.v1.CreateContainerResponse
-	(*ExecProcessRequest)(nil),       // 12: cube.agent.v1.ExecProcessRequest
-	(*ExecProcessResponse)(nil),      // 13: cube.agent.v1.ExecProcessResponse
-	(*StartRequest)(nil),             // 14: cube.agent.v1.StartRequest
-	(*StartResponse)(nil),            // 15: cube.agent.v1.StartResponse
-	(*SignalRequest)(nil),            // 16: cube.agent.v1.SignalRequest
-	(*WaitRequest)(nil),              // 17: cube.agent.v1.WaitRequest
-	(*WaitResponse)(nil),             // 18: cube.agent.v1.WaitResponse
-	(*StateRequest)(nil),             // 19: cube.agent.v1.StateRequest
-	(*StateResponse)(nil),            // 20: cube.agent.v1.StateResponse
-	(*CloseStdinRequest)(nil),        // 21: cube.agent.v1.CloseStdinRequest
-	(*ResizePtyRequest)(nil),         // 22: cube.agent.v1.ResizePtyRequest
-	(*ListPidsRequest)(nil),          // 23: cube.agent.v1.ListPidsRequest
-	(*ListPidsResponse)(nil),         // 24: cube.agent.v1.ListPidsResponse
-	(*RenameContainerRequest)(nil),   // 25: cube.agent.v1.RenameContainerRequest
-	(*ListProcessesRequest)(nil),     // 26: cube.agent.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil),    // 27: cube.agent.v1.ListProcessesResponse
-	(*ProcessInfo)(nil),              // 28: cube.agent.v1.ProcessInfo
-	(*DeleteRequest)(nil),            // 29: cube.agent.v1.DeleteRequest
-	(*DeleteResponse)(nil),           // 30: cube.agent.v1.DeleteResponse
-	(*FreezeRequest)(nil),            // 31: cube.agent.v1.FreezeRequest
-	(*FreezeResponse)(nil),           // 32: cube.agent.v1.FreezeResponse
-	(*ThawRequest)(nil),              // 33: cube.agent.v1.ThawRequest
-	(*SetTimeRequest)(nil),           // 34: cube.agent.v1.SetTimeRequest
-	(*ReseedRandomRequest)(nil),      // 35: cube.agent.v1.ReseedRandomRequest
-	(*ReadFileRequest)(nil),          // 36: cube.agent.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),         // 37: cube.agent.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),         // 38: cube.agent.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),        // 39: cube.agent.v1.WriteFileResponse
-	(*FileStat)(nil),                 // 40: cube.agent.v1.FileStat
-	(*StatFileRequest)(nil),          // 41: cube.agent.v1.StatFileRequest
-	(*StatFileResponse)(nil),         // 42: cube.agent.v1.StatFileResponse
-	(*ListDirRequest)(nil),           // 43: cube.agent.v1.ListDirRequest
-	(*ListDirResponse)(nil),          // 44: cube.agent.v1.ListDirResponse
-	(*RemoveFileRequest)(nil),        // 45: cube.agent.v1.RemoveFileRequest
-	(*MakeDirRequest)(nil),           // 46: cube.agent.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),          // 47: cube.agent.v1.MakeDirResponse
-	(*PowerOffRequest)(nil),          // 48: cube.agent.v1.PowerOffRequest
-	(*ConfigureNetworkRequest)(nil),  // 49: cube.agent.v1.ConfigureNetworkRequest
-	(*NetInterface)(nil),             // 50: cube.agent.v1.NetInterface
-	(*NetRoute)(nil),                 // 51: cube.agent.v1.NetRoute
-	(*DNSConfig)(nil),                // 52: cube.agent.v1.DNSConfig
-	(*ConfigureNetworkResponse)(nil), // 53: cube.agent.v1.ConfigureNetworkResponse
-	(*PrepareVolumeRequest)(nil),     // 54: cube.agent.v1.PrepareVolumeRequest
-	(*TreeEntry)(nil),                // 55: cube.agent.v1.TreeEntry
-	(*SyncTreeRequest)(nil),          // 56: cube.agent.v1.SyncTreeRequest
-	(*SyncTreeResponse)(nil),         // 57: cube.agent.v1.SyncTreeResponse
+	(*BlockDeviceRequest)(nil),       // 8: cube.agent.v1.BlockDeviceRequest
+	(*BlockDeviceResponse)(nil),      // 9: cube.agent.v1.BlockDeviceResponse
+	(*UnmountDiskRequest)(nil),       // 10: cube.agent.v1.UnmountDiskRequest
+	(*Stdio)(nil),                    // 11: cube.agent.v1.Stdio
+	(*CreateContainerRequest)(nil),   // 12: cube.agent.v1.CreateContainerRequest
+	(*CreateContainerResponse)(nil),  // 13: cube.agent.v1.CreateContainerResponse
+	(*ExecProcessRequest)(nil),       // 14: cube.agent.v1.ExecProcessRequest
+	(*ExecProcessResponse)(nil),      // 15: cube.agent.v1.ExecProcessResponse
+	(*StartRequest)(nil),             // 16: cube.agent.v1.StartRequest
+	(*StartResponse)(nil),            // 17: cube.agent.v1.StartResponse
+	(*SignalRequest)(nil),            // 18: cube.agent.v1.SignalRequest
+	(*WaitRequest)(nil),              // 19: cube.agent.v1.WaitRequest
+	(*WaitResponse)(nil),             // 20: cube.agent.v1.WaitResponse
+	(*StateRequest)(nil),             // 21: cube.agent.v1.StateRequest
+	(*StateResponse)(nil),            // 22: cube.agent.v1.StateResponse
+	(*CloseStdinRequest)(nil),        // 23: cube.agent.v1.CloseStdinRequest
+	(*ResizePtyRequest)(nil),         // 24: cube.agent.v1.ResizePtyRequest
+	(*ListPidsRequest)(nil),          // 25: cube.agent.v1.ListPidsRequest
+	(*ListPidsResponse)(nil),         // 26: cube.agent.v1.ListPidsResponse
+	(*RenameContainerRequest)(nil),   // 27: cube.agent.v1.RenameContainerRequest
+	(*ListProcessesRequest)(nil),     // 28: cube.agent.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),    // 29: cube.agent.v1.ListProcessesResponse
+	(*ProcessInfo)(nil),              // 30: cube.agent.v1.ProcessInfo
+	(*DeleteRequest)(nil),            // 31: cube.agent.v1.DeleteRequest
+	(*DeleteResponse)(nil),           // 32: cube.agent.v1.DeleteResponse
+	(*FreezeRequest)(nil),            // 33: cube.agent.v1.FreezeRequest
+	(*FreezeResponse)(nil),           // 34: cube.agent.v1.FreezeResponse
+	(*ThawRequest)(nil),              // 35: cube.agent.v1.ThawRequest
+	(*SetTimeRequest)(nil),           // 36: cube.agent.v1.SetTimeRequest
+	(*ReseedRandomRequest)(nil),      // 37: cube.agent.v1.ReseedRandomRequest
+	(*ReadFileRequest)(nil),          // 38: cube.agent.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),         // 39: cube.agent.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),         // 40: cube.agent.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),        // 41: cube.agent.v1.WriteFileResponse
+	(*FileStat)(nil),                 // 42: cube.agent.v1.FileStat
+	(*StatFileRequest)(nil),          // 43: cube.agent.v1.StatFileRequest
+	(*StatFileResponse)(nil),         // 44: cube.agent.v1.StatFileResponse
+	(*ListDirRequest)(nil),           // 45: cube.agent.v1.ListDirRequest
+	(*ListDirResponse)(nil),          // 46: cube.agent.v1.ListDirResponse
+	(*RemoveFileRequest)(nil),        // 47: cube.agent.v1.RemoveFileRequest
+	(*MakeDirRequest)(nil),           // 48: cube.agent.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),          // 49: cube.agent.v1.MakeDirResponse
+	(*PowerOffRequest)(nil),          // 50: cube.agent.v1.PowerOffRequest
+	(*ConfigureNetworkRequest)(nil),  // 51: cube.agent.v1.ConfigureNetworkRequest
+	(*NetInterface)(nil),             // 52: cube.agent.v1.NetInterface
+	(*NetRoute)(nil),                 // 53: cube.agent.v1.NetRoute
+	(*DNSConfig)(nil),                // 54: cube.agent.v1.DNSConfig
+	(*ConfigureNetworkResponse)(nil), // 55: cube.agent.v1.ConfigureNetworkResponse
+	(*PrepareVolumeRequest)(nil),     // 56: cube.agent.v1.PrepareVolumeRequest
+	(*TreeEntry)(nil),                // 57: cube.agent.v1.TreeEntry
+	(*SyncTreeRequest)(nil),          // 58: cube.agent.v1.SyncTreeRequest
+	(*SyncTreeResponse)(nil),         // 59: cube.agent.v1.SyncTreeResponse
 }
 var file_agent_proto_depIdxs = []int32{
-	9,  // 0: cube.agent.v1.CreateContainerRequest.stdio:type_name -> cube.agent.v1.Stdio
-	9,  // 1: cube.agent.v1.ExecProcessRequest.stdio:type_name -> cube.agent.v1.Stdio
-	28, // 2: cube.agent.v1.ListProcessesResponse.processes:type_name -> cube.agent.v1.ProcessInfo
-	9,  // 3: cube.agent.v1.ProcessInfo.stdio:type_name -> cube.agent.v1.Stdio
-	40, // 4: cube.agent.v1.StatFileResponse.stat:type_name -> cube.agent.v1.FileStat
-	40, // 5: cube.agent.v1.ListDirResponse.entries:type_name -> cube.agent.v1.FileStat
-	50, // 6: cube.agent.v1.ConfigureNetworkRequest.interfaces:type_name -> cube.agent.v1.NetInterface
-	52, // 7: cube.agent.v1.ConfigureNetworkRequest.dns:type_name -> cube.agent.v1.DNSConfig
-	51, // 8: cube.agent.v1.NetInterface.routes:type_name -> cube.agent.v1.NetRoute
+	11, // 0: cube.agent.v1.CreateContainerRequest.stdio:type_name -> cube.agent.v1.Stdio
+	11, // 1: cube.agent.v1.ExecProcessRequest.stdio:type_name -> cube.agent.v1.Stdio
+	30, // 2: cube.agent.v1.ListProcessesResponse.processes:type_name -> cube.agent.v1.ProcessInfo
+	11, // 3: cube.agent.v1.ProcessInfo.stdio:type_name -> cube.agent.v1.Stdio
+	42, // 4: cube.agent.v1.StatFileResponse.stat:type_name -> cube.agent.v1.FileStat
+	42, // 5: cube.agent.v1.ListDirResponse.entries:type_name -> cube.agent.v1.FileStat
+	52, // 6: cube.agent.v1.ConfigureNetworkRequest.interfaces:type_name -> cube.agent.v1.NetInterface
+	54, // 7: cube.agent.v1.ConfigureNetworkRequest.dns:type_name -> cube.agent.v1.DNSConfig
+	53, // 8: cube.agent.v1.NetInterface.routes:type_name -> cube.agent.v1.NetRoute
 	0,  // 9: cube.agent.v1.TreeEntry.kind:type_name -> cube.agent.v1.TreeEntry.Kind
-	55, // 10: cube.agent.v1.SyncTreeRequest.entries:type_name -> cube.agent.v1.TreeEntry
+	57, // 10: cube.agent.v1.SyncTreeRequest.entries:type_name -> cube.agent.v1.TreeEntry
 	2,  // 11: cube.agent.v1.Agent.Version:input_type -> cube.agent.v1.VersionRequest
 	4,  // 12: cube.agent.v1.Agent.Health:input_type -> cube.agent.v1.HealthRequest
 	6,  // 13: cube.agent.v1.Agent.MountDisk:input_type -> cube.agent.v1.MountDiskRequest
-	8,  // 14: cube.agent.v1.Agent.UnmountDisk:input_type -> cube.agent.v1.UnmountDiskRequest
-	10, // 15: cube.agent.v1.Agent.CreateContainer:input_type -> cube.agent.v1.CreateContainerRequest
-	12, // 16: cube.agent.v1.Agent.ExecProcess:input_type -> cube.agent.v1.ExecProcessRequest
-	14, // 17: cube.agent.v1.Agent.Start:input_type -> cube.agent.v1.StartRequest
-	16, // 18: cube.agent.v1.Agent.Signal:input_type -> cube.agent.v1.SignalRequest
-	17, // 19: cube.agent.v1.Agent.Wait:input_type -> cube.agent.v1.WaitRequest
-	19, // 20: cube.agent.v1.Agent.State:input_type -> cube.agent.v1.StateRequest
-	21, // 21: cube.agent.v1.Agent.CloseStdin:input_type -> cube.agent.v1.CloseStdinRequest
-	22, // 22: cube.agent.v1.Agent.ResizePty:input_type -> cube.agent.v1.ResizePtyRequest
-	23, // 23: cube.agent.v1.Agent.ListPids:input_type -> cube.agent.v1.ListPidsRequest
-	26, // 24: cube.agent.v1.Agent.ListProcesses:input_type -> cube.agent.v1.ListProcessesRequest
-	25, // 25: cube.agent.v1.Agent.RenameContainer:input_type -> cube.agent.v1.RenameContainerRequest
-	29, // 26: cube.agent.v1.Agent.Delete:input_type -> cube.agent.v1.DeleteRequest
-	1,  // 27: cube.agent.v1.Agent.SyncFilesystems:input_type -> cube.agent.v1.Empty
-	31, // 28: cube.agent.v1.Agent.FreezeFilesystems:input_type -> cube.agent.v1.FreezeRequest
-	33, // 29: cube.agent.v1.Agent.ThawFilesystems:input_type -> cube.agent.v1.ThawRequest
-	34, // 30: cube.agent.v1.Agent.SetTime:input_type -> cube.agent.v1.SetTimeRequest
-	35, // 31: cube.agent.v1.Agent.ReseedRandom:input_type -> cube.agent.v1.ReseedRandomRequest
-	36, // 32: cube.agent.v1.Agent.ReadFile:input_type -> cube.agent.v1.ReadFileRequest
-	38, // 33: cube.agent.v1.Agent.WriteFile:input_type -> cube.agent.v1.WriteFileRequest
-	41, // 34: cube.agent.v1.Agent.StatFile:input_type -> cube.agent.v1.StatFileRequest
-	43, // 35: cube.agent.v1.Agent.ListDir:input_type -> cube.agent.v1.ListDirRequest
-	45, // 36: cube.agent.v1.Agent.RemoveFile:input_type -> cube.agent.v1.RemoveFileRequest
-	46, // 37: cube.agent.v1.Agent.MakeDir:input_type -> cube.agent.v1.MakeDirRequest
-	48, // 38: cube.agent.v1.Agent.PowerOff:input_type -> cube.agent.v1.PowerOffRequest
-	49, // 39: cube.agent.v1.Agent.ConfigureNetwork:input_type -> cube.agent.v1.ConfigureNetworkRequest
-	54, // 40: cube.agent.v1.Agent.PrepareVolume:input_type -> cube.agent.v1.PrepareVolumeRequest
-	56, // 41: cube.agent.v1.Agent.SyncTree:input_type -> cube.agent.v1.SyncTreeRequest
-	3,  // 42: cube.agent.v1.Agent.Version:output_type -> cube.agent.v1.VersionResponse
-	5,  // 43: cube.agent.v1.Agent.Health:output_type -> cube.agent.v1.HealthResponse
-	7,  // 44: cube.agent.v1.Agent.MountDisk:output_type -> cube.agent.v1.MountDiskResponse
-	1,  // 45: cube.agent.v1.Agent.UnmountDisk:output_type -> cube.agent.v1.Empty
-	11, // 46: cube.agent.v1.Agent.CreateContainer:output_type -> cube.agent.v1.CreateContainerResponse
-	13, // 47: cube.agent.v1.Agent.ExecProcess:output_type -> cube.agent.v1.ExecProcessResponse
-	15, // 48: cube.agent.v1.Agent.Start:output_type -> cube.agent.v1.StartResponse
-	1,  // 49: cube.agent.v1.Agent.Signal:output_type -> cube.agent.v1.Empty
-	18, // 50: cube.agent.v1.Agent.Wait:output_type -> cube.agent.v1.WaitResponse
-	20, // 51: cube.agent.v1.Agent.State:output_type -> cube.agent.v1.StateResponse
-	1,  // 52: cube.agent.v1.Agent.CloseStdin:output_type -> cube.agent.v1.Empty
-	1,  // 53: cube.agent.v1.Agent.ResizePty:output_type -> cube.agent.v1.Empty
-	24, // 54: cube.agent.v1.Agent.ListPids:output_type -> cube.agent.v1.ListPidsResponse
-	27, // 55: cube.agent.v1.Agent.ListProcesses:output_type -> cube.agent.v1.ListProcessesResponse
-	1,  // 56: cube.agent.v1.Agent.RenameContainer:output_type -> cube.agent.v1.Empty
-	30, // 57: cube.agent.v1.Agent.Delete:output_type -> cube.agent.v1.DeleteResponse
-	1,  // 58: cube.agent.v1.Agent.SyncFilesystems:output_type -> cube.agent.v1.Empty
-	32, // 59: cube.agent.v1.Agent.FreezeFilesystems:output_type -> cube.agent.v1.FreezeResponse
-	1,  // 60: cube.agent.v1.Agent.ThawFilesystems:output_type -> cube.agent.v1.Empty
-	1,  // 61: cube.agent.v1.Agent.SetTime:output_type -> cube.agent.v1.Empty
-	1,  // 62: cube.agent.v1.Agent.ReseedRandom:output_type -> cube.agent.v1.Empty
-	37, // 63: cube.agent.v1.Agent.ReadFile:output_type -> cube.agent.v1.ReadFileResponse
-	39, // 64: cube.agent.v1.Agent.WriteFile:output_type -> cube.agent.v1.WriteFileResponse
-	42, // 65: cube.agent.v1.Agent.StatFile:output_type -> cube.agent.v1.StatFileResponse
-	44, // 66: cube.agent.v1.Agent.ListDir:output_type -> cube.agent.v1.ListDirResponse
-	1,  // 67: cube.agent.v1.Agent.RemoveFile:output_type -> cube.agent.v1.Empty
-	47, // 68: cube.agent.v1.Agent.MakeDir:output_type -> cube.agent.v1.MakeDirResponse
-	1,  // 69: cube.agent.v1.Agent.PowerOff:output_type -> cube.agent.v1.Empty
-	53, // 70: cube.agent.v1.Agent.ConfigureNetwork:output_type -> cube.agent.v1.ConfigureNetworkResponse
-	1,  // 71: cube.agent.v1.Agent.PrepareVolume:output_type -> cube.agent.v1.Empty
-	57, // 72: cube.agent.v1.Agent.SyncTree:output_type -> cube.agent.v1.SyncTreeResponse
-	42, // [42:73] is the sub-list for method output_type
-	11, // [11:42] is the sub-list for method input_type
+	10, // 14: cube.agent.v1.Agent.UnmountDisk:input_type -> cube.agent.v1.UnmountDiskRequest
+	8,  // 15: cube.agent.v1.Agent.BlockDevice:input_type -> cube.agent.v1.BlockDeviceRequest
+	12, // 16: cube.agent.v1.Agent.CreateContainer:input_type -> cube.agent.v1.CreateContainerRequest
+	14, // 17: cube.agent.v1.Agent.ExecProcess:input_type -> cube.agent.v1.ExecProcessRequest
+	16, // 18: cube.agent.v1.Agent.Start:input_type -> cube.agent.v1.StartRequest
+	18, // 19: cube.agent.v1.Agent.Signal:input_type -> cube.agent.v1.SignalRequest
+	19, // 20: cube.agent.v1.Agent.Wait:input_type -> cube.agent.v1.WaitRequest
+	21, // 21: cube.agent.v1.Agent.State:input_type -> cube.agent.v1.StateRequest
+	23, // 22: cube.agent.v1.Agent.CloseStdin:input_type -> cube.agent.v1.CloseStdinRequest
+	24, // 23: cube.agent.v1.Agent.ResizePty:input_type -> cube.agent.v1.ResizePtyRequest
+	25, // 24: cube.agent.v1.Agent.ListPids:input_type -> cube.agent.v1.ListPidsRequest
+	28, // 25: cube.agent.v1.Agent.ListProcesses:input_type -> cube.agent.v1.ListProcessesRequest
+	27, // 26: cube.agent.v1.Agent.RenameContainer:input_type -> cube.agent.v1.RenameContainerRequest
+	31, // 27: cube.agent.v1.Agent.Delete:input_type -> cube.agent.v1.DeleteRequest
+	1,  // 28: cube.agent.v1.Agent.SyncFilesystems:input_type -> cube.agent.v1.Empty
+	33, // 29: cube.agent.v1.Agent.FreezeFilesystems:input_type -> cube.agent.v1.FreezeRequest
+	35, // 30: cube.agent.v1.Agent.ThawFilesystems:input_type -> cube.agent.v1.ThawRequest
+	36, // 31: cube.agent.v1.Agent.SetTime:input_type -> cube.agent.v1.SetTimeRequest
+	37, // 32: cube.agent.v1.Agent.ReseedRandom:input_type -> cube.agent.v1.ReseedRandomRequest
+	38, // 33: cube.agent.v1.Agent.ReadFile:input_type -> cube.agent.v1.ReadFileRequest
+	40, // 34: cube.agent.v1.Agent.WriteFile:input_type -> cube.agent.v1.WriteFileRequest
+	43, // 35: cube.agent.v1.Agent.StatFile:input_type -> cube.agent.v1.StatFileRequest
+	45, // 36: cube.agent.v1.Agent.ListDir:input_type -> cube.agent.v1.ListDirRequest
+	47, // 37: cube.agent.v1.Agent.RemoveFile:input_type -> cube.agent.v1.RemoveFileRequest
+	48, // 38: cube.agent.v1.Agent.MakeDir:input_type -> cube.agent.v1.MakeDirRequest
+	50, // 39: cube.agent.v1.Agent.PowerOff:input_type -> cube.agent.v1.PowerOffRequest
+	51, // 40: cube.agent.v1.Agent.ConfigureNetwork:input_type -> cube.agent.v1.ConfigureNetworkRequest
+	56, // 41: cube.agent.v1.Agent.PrepareVolume:input_type -> cube.agent.v1.PrepareVolumeRequest
+	58, // 42: cube.agent.v1.Agent.SyncTree:input_type -> cube.agent.v1.SyncTreeRequest
+	3,  // 43: cube.agent.v1.Agent.Version:output_type -> cube.agent.v1.VersionResponse
+	5,  // 44: cube.agent.v1.Agent.Health:output_type -> cube.agent.v1.HealthResponse
+	7,  // 45: cube.agent.v1.Agent.MountDisk:output_type -> cube.agent.v1.MountDiskResponse
+	1,  // 46: cube.agent.v1.Agent.UnmountDisk:output_type -> cube.agent.v1.Empty
+	9,  // 47: cube.agent.v1.Agent.BlockDevice:output_type -> cube.agent.v1.BlockDeviceResponse
+	13, // 48: cube.agent.v1.Agent.CreateContainer:output_type -> cube.agent.v1.CreateContainerResponse
+	15, // 49: cube.agent.v1.Agent.ExecProcess:output_type -> cube.agent.v1.ExecProcessResponse
+	17, // 50: cube.agent.v1.Agent.Start:output_type -> cube.agent.v1.StartResponse
+	1,  // 51: cube.agent.v1.Agent.Signal:output_type -> cube.agent.v1.Empty
+	20, // 52: cube.agent.v1.Agent.Wait:output_type -> cube.agent.v1.WaitResponse
+	22, // 53: cube.agent.v1.Agent.State:output_type -> cube.agent.v1.StateResponse
+	1,  // 54: cube.agent.v1.Agent.CloseStdin:output_type -> cube.agent.v1.Empty
+	1,  // 55: cube.agent.v1.Agent.ResizePty:output_type -> cube.agent.v1.Empty
+	26, // 56: cube.agent.v1.Agent.ListPids:output_type -> cube.agent.v1.ListPidsResponse
+	29, // 57: cube.agent.v1.Agent.ListProcesses:output_type -> cube.agent.v1.ListProcessesResponse
+	1,  // 58: cube.agent.v1.Agent.RenameContainer:output_type -> cube.agent.v1.Empty
+	32, // 59: cube.agent.v1.Agent.Delete:output_type -> cube.agent.v1.DeleteResponse
+	1,  // 60: cube.agent.v1.Agent.SyncFilesystems:output_type -> cube.agent.v1.Empty
+	34, // 61: cube.agent.v1.Agent.FreezeFilesystems:output_type -> cube.agent.v1.FreezeResponse
+	1,  // 62: cube.agent.v1.Agent.ThawFilesystems:output_type -> cube.agent.v1.Empty
+	1,  // 63: cube.agent.v1.Agent.SetTime:output_type -> cube.agent.v1.Empty
+	1,  // 64: cube.agent.v1.Agent.ReseedRandom:output_type -> cube.agent.v1.Empty
+	39, // 65: cube.agent.v1.Agent.ReadFile:output_type -> cube.agent.v1.ReadFileResponse
+	41, // 66: cube.agent.v1.Agent.WriteFile:output_type -> cube.agent.v1.WriteFileResponse
+	44, // 67: cube.agent.v1.Agent.StatFile:output_type -> cube.agent.v1.StatFileResponse
+	46, // 68: cube.agent.v1.Agent.ListDir:output_type -> cube.agent.v1.ListDirResponse
+	1,  // 69: cube.agent.v1.Agent.RemoveFile:output_type -> cube.agent.v1.Empty
+	49, // 70: cube.agent.v1.Agent.MakeDir:output_type -> cube.agent.v1.MakeDirResponse
+	1,  // 71: cube.agent.v1.Agent.PowerOff:output_type -> cube.agent.v1.Empty
+	55, // 72: cube.agent.v1.Agent.ConfigureNetwork:output_type -> cube.agent.v1.ConfigureNetworkResponse
+	1,  // 73: cube.agent.v1.Agent.PrepareVolume:output_type -> cube.agent.v1.Empty
+	59, // 74: cube.agent.v1.Agent.SyncTree:output_type -> cube.agent.v1.SyncTreeResponse
+	43, // [43:75] is the sub-list for method output_type
+	11, // [11:43] is the sub-list for method input_type
 	11, // [11:11] is the sub-list for extension type_name
 	11, // [11:11] is the sub-list for extension extendee
 	0,  // [0:11] is the sub-list for field type_name
@@ -3834,7 +3975,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   57,
+			NumMessages:   59,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -12,6 +12,7 @@ type AgentService interface {
 	Health(context.Context, *HealthRequest) (*HealthResponse, error)
 	MountDisk(context.Context, *MountDiskRequest) (*MountDiskResponse, error)
 	UnmountDisk(context.Context, *UnmountDiskRequest) (*Empty, error)
+	BlockDevice(context.Context, *BlockDeviceRequest) (*BlockDeviceResponse, error)
 	CreateContainer(context.Context, *CreateContainerRequest) (*CreateContainerResponse, error)
 	ExecProcess(context.Context, *ExecProcessRequest) (*ExecProcessResponse, error)
 	Start(context.Context, *StartRequest) (*StartResponse, error)
@@ -71,6 +72,13 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.UnmountDisk(ctx, &req)
+			},
+			"BlockDevice": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req BlockDeviceRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.BlockDevice(ctx, &req)
 			},
 			"CreateContainer": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req CreateContainerRequest
@@ -302,6 +310,14 @@ func (c *agentClient) MountDisk(ctx context.Context, req *MountDiskRequest) (*Mo
 func (c *agentClient) UnmountDisk(ctx context.Context, req *UnmountDiskRequest) (*Empty, error) {
 	var resp Empty
 	if err := c.client.Call(ctx, "cube.agent.v1.Agent", "UnmountDisk", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) BlockDevice(ctx context.Context, req *BlockDeviceRequest) (*BlockDeviceResponse, error) {
+	var resp BlockDeviceResponse
+	if err := c.client.Call(ctx, "cube.agent.v1.Agent", "BlockDevice", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

@@ -47,6 +47,13 @@ type MountDiskRequest struct {
 	ReadOnly                   bool
 }
 
+// GuestBlockDevice is a drive as the guest sees it.
+type GuestBlockDevice struct {
+	Device       string // e.g. /dev/vdc
+	Major, Minor uint32
+	Size         uint64
+}
+
 // ExitStatus is how a guest process ended: Status is the exit code, or
 // 128+Signal when a signal killed it (as runc reports it).
 type ExitStatus struct {
@@ -62,6 +69,11 @@ type AgentClient interface {
 	Health(ctx context.Context) error
 	MountDisk(ctx context.Context, req MountDiskRequest) (mountPoint string, err error)
 	UnmountDisk(ctx context.Context, mountPoint string) error
+	// BlockDevice finds the drive with serial (a raw block volume's slot),
+	// waits until the guest sees size bytes (0: no wait) and returns its
+	// guest device numbers. An agent older than the call answers
+	// FailedPrecondition.
+	BlockDevice(ctx context.Context, serial string, size uint64) (GuestBlockDevice, error)
 	CreateContainer(ctx context.Context, req CreateContainerRequest) (pid uint32, err error)
 	ExecProcess(ctx context.Context, req ExecProcessRequest) (pid uint32, err error)
 	Start(ctx context.Context, containerID, execID string) (pid uint32, err error)

@@ -11,6 +11,8 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/ttrpc"
 	"github.com/cube-runtime/cube/guest-agent/protocol"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // DialAgent is the production AgentDialer: ttrpc over vsock AgentPort, calls unbounded but by their ctx.
@@ -86,6 +88,17 @@ func (a *protocolAgent) MountDisk(ctx context.Context, req MountDiskRequest) (st
 func (a *protocolAgent) UnmountDisk(ctx context.Context, mp string) error {
 	_, err := a.c.UnmountDisk(ctx, &protocol.UnmountDiskRequest{MountPoint: mp})
 	return err
+}
+
+func (a *protocolAgent) BlockDevice(ctx context.Context, serial string, size uint64) (GuestBlockDevice, error) {
+	r, err := a.c.BlockDevice(ctx, &protocol.BlockDeviceRequest{Serial: serial, SizeBytes: size})
+	if status.Code(err) == codes.Unimplemented {
+		return GuestBlockDevice{}, fmt.Errorf("the guest agent in the sandbox's initrd (shim config initrd) predates raw block volumes (it has no BlockDevice call): rebuild the initrd with this release's cube-agent: %w", errdefs.ErrFailedPrecondition)
+	}
+	if err != nil {
+		return GuestBlockDevice{}, err
+	}
+	return GuestBlockDevice{Device: r.GetDevice(), Major: r.GetMajor(), Minor: r.GetMinor(), Size: r.GetSizeBytes()}, nil
 }
 
 func stdio(f StdioFlags) *protocol.Stdio {

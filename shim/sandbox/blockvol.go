@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/containerd/errdefs"
@@ -17,6 +18,15 @@ type BlockVolume struct {
 	Container string // path of the node in the container, e.g. /dev/xvda
 	ReadOnly  bool
 	Slot      string // drive serial, e.g. cube-slot-3
+	Owner     string // container id
+	// HostMajor, HostMinor: the device's numbers on the host (the spec's);
+	// GuestMajor, GuestMinor: the slot's in the guest (the agent's answer).
+	HostMajor, HostMinor   uint32
+	GuestMajor, GuestMinor uint32
+
+	stub     string      // the slot's stub, its medium again at detach
+	mediaSet bool        // the VMM may have the device open in the slot
+	claim    *blockClaim // the host-wide claim (blockclaim.go)
 }
 
 // standardChar are the character devices a container spec may carry that
@@ -51,7 +61,7 @@ func BlockDevices(spec *specs.Spec) ([]specs.LinuxDevice, error) {
 			out = append(out, d)
 		case "c", "u":
 			if !standardChar[d.Path] {
-				return nil, fmt.Errorf("character device %s (%d:%d) cannot be passed into a Cube VM (only raw block volumes and the standard devices /dev/null, zero, full, random, urandom, tty, console, ptmx, fuse, net/tun are); remove it from the container's devices or run the pod under runc: %w",
+				return nil, fmt.Errorf("character device %s (%d:%d) cannot be passed into a Cube VM (only raw block volumes and the standard devices /dev/null, zero, full, random, urandom, tty, console, ptmx, fuse, net/tun are); remove it from the container's devices or run the pod under runc (a privileged container lists every host device: under CRI set privileged_without_host_devices = true for the runtime, as contrib/containerd/cube-runtime.toml does): %w",
 					d.Path, d.Major, d.Minor, errdefs.ErrInvalidArgument)
 			}
 		}
@@ -64,33 +74,53 @@ func BlockDevices(spec *specs.Spec) ([]specs.LinuxDevice, error) {
 // "r", "rm") lacks write.
 func DeviceReadOnly(access string) bool { return !strings.Contains(access, "w") }
 
-// reserveBlockVolume records v as attached; the same host device twice in
-// one sandbox is refused with FailedPrecondition naming it (one medium in
-// two drives would be written through two guest page caches).
-func (s *Sandbox) reserveBlockVolume(v BlockVolume) error {
+// reserveBlockVolume records v as attached in a free drive slot, which it
+// names in v.Slot. The same host device twice in one sandbox is refused
+// with FailedPrecondition naming it and its holder (one medium in two
+// drives would be written through two guest page caches); no free slot
+// with ResourceExhausted naming the device and the disk_slots key.
+func (s *Sandbox) reserveBlockVolume(v *BlockVolume) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, o := range s.blockVols {
 		if o.Host == v.Host {
-			return fmt.Errorf("sandbox %s: block device %s is already attached (at %s, %s); a raw block volume can be used by one container of a sandbox at a time (ReadWriteMany sharing of a block device is not supported): %w",
-				s.o.ID, v.Host, o.Container, o.Slot, errdefs.ErrFailedPrecondition)
+			return fmt.Errorf("sandbox %s: block device %s is already attached (container %s, at %s, %s); a raw block volume can be used by one container of a sandbox at a time (ReadWriteMany sharing of a block device is not supported): %w",
+				s.o.ID, v.Host, o.Owner, o.Container, o.Slot, errdefs.ErrFailedPrecondition)
 		}
 	}
-	s.blockVols = append(s.blockVols, v)
+	idx := slices.IndexFunc(s.slots, func(sl slot) bool { return sl.owner == "" })
+	if idx < 0 {
+		return fmt.Errorf("sandbox %s: no free drive slot for block device %s (at %s in container %s): all %d slots are in use by rootfs disks and block volumes; raise disk_slots in the shim config: %w",
+			s.o.ID, v.Host, v.Container, v.Owner, len(s.slots), errdefs.ErrResourceExhausted)
+	}
+	s.slots[idx].owner, s.slots[idx].vol = v.Owner, v.Container
+	v.Slot, v.stub = s.slots[idx].serial, s.slots[idx].stub
+	s.blockVols = append(s.blockVols, *v)
 	return nil
 }
 
-// releaseBlockVolume forgets the volume attached in slot (after the slot
-// went back to its stub).
+// updateBlockVolume stores v's progress (media set, claim, guest numbers).
+func (s *Sandbox) updateBlockVolume(v BlockVolume) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range s.blockVols {
+		if s.blockVols[i].Slot == v.Slot {
+			s.blockVols[i] = v
+		}
+	}
+}
+
+// releaseBlockVolume forgets the volume attached in slot and frees the
+// slot (after the slot went back to its stub).
 func (s *Sandbox) releaseBlockVolume(slot string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for i, o := range s.blockVols {
-		if o.Slot == slot {
-			s.blockVols = append(s.blockVols[:i], s.blockVols[i+1:]...)
-			return
+	for i := range s.slots {
+		if s.slots[i].serial == slot && s.slots[i].vol != "" {
+			s.slots[i].owner, s.slots[i].vol = "", ""
 		}
 	}
+	s.blockVols = slices.DeleteFunc(s.blockVols, func(o BlockVolume) bool { return o.Slot == slot })
 }
 
 // refuseBlockVolumes refuses a snapshot (and so rollback point, fork and

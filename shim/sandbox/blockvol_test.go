@@ -54,20 +54,33 @@ func TestDeviceReadOnly(t *testing.T) {
 }
 
 // The same host device attached twice in one sandbox is refused with
-// FailedPrecondition; after release it can be attached again.
+// FailedPrecondition naming it and its holder; after release it can be
+// attached again. A full sandbox is refused with ResourceExhausted naming
+// the device and the disk_slots key.
 func TestReserveBlockVolumeRefusesSecondAttach(t *testing.T) {
-	s := &Sandbox{o: Options{ID: "sb1"}}
-	v := BlockVolume{Host: "/dev/loop3", Container: "/dev/xvda", Slot: "cube-slot-2"}
-	if err := s.reserveBlockVolume(v); err != nil {
-		t.Fatal(err)
+	s := &Sandbox{o: Options{ID: "sb1"}, slots: []slot{{serial: "cube-slot-0", owner: "pause"}, {serial: "cube-slot-1"}, {serial: "cube-slot-2"}}}
+	v := BlockVolume{Host: "/dev/loop3", Container: "/dev/xvda", Owner: "c1"}
+	if err := s.reserveBlockVolume(&v); err != nil || v.Slot != "cube-slot-1" {
+		t.Fatalf("reserve: slot %q, %v; want cube-slot-1", v.Slot, err)
 	}
-	w := BlockVolume{Host: "/dev/loop3", Container: "/dev/xvdb", Slot: "cube-slot-3"}
-	if err := s.reserveBlockVolume(w); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "/dev/loop3") {
-		t.Fatalf("second attach: %v, want FailedPrecondition naming the device", err)
+	w := BlockVolume{Host: "/dev/loop3", Container: "/dev/xvdb", Owner: "c2"}
+	if err := s.reserveBlockVolume(&w); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "/dev/loop3") || !strings.Contains(err.Error(), "container c1") {
+		t.Fatalf("second attach: %v, want FailedPrecondition naming the device and its holder", err)
 	}
-	s.releaseBlockVolume("cube-slot-2")
-	if err := s.reserveBlockVolume(w); err != nil {
-		t.Fatalf("attach after release: %v", err)
+	x := BlockVolume{Host: "/dev/loop4", Container: "/dev/xvdc", Owner: "c2"}
+	if err := s.reserveBlockVolume(&x); err != nil || x.Slot != "cube-slot-2" {
+		t.Fatalf("reserve loop4: slot %q, %v", x.Slot, err)
+	}
+	y := BlockVolume{Host: "/dev/loop5", Container: "/dev/xvdd", Owner: "c3"}
+	if err := s.reserveBlockVolume(&y); !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "/dev/loop5") || !strings.Contains(err.Error(), "disk_slots") {
+		t.Fatalf("full sandbox: %v, want ResourceExhausted naming the device and disk_slots", err)
+	}
+	s.releaseBlockVolume("cube-slot-1")
+	if s.slots[1].owner != "" || s.slots[0].owner != "pause" {
+		t.Fatalf("release: slots %+v", s.slots)
+	}
+	if err := s.reserveBlockVolume(&w); err != nil || w.Slot != "cube-slot-1" {
+		t.Fatalf("attach after release: slot %q, %v", w.Slot, err)
 	}
 }
 

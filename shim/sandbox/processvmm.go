@@ -299,13 +299,18 @@ func (v *ProcessVMM) Resume(ctx context.Context) error {
 	return v.control(ctx, func(c *control.Client) error { return c.Resume(ctx) })
 }
 
-// SetDisk implements VMM with the control op "disk-set" (serial, path).
-func (v *ProcessVMM) SetDisk(ctx context.Context, serial, path string) error {
+// SetDisk implements VMM with the control op "disk-set" (serial, path,
+// read_only).
+func (v *ProcessVMM) SetDisk(ctx context.Context, serial, path string, readOnly bool) error {
 	if err := validateDisk(Disk{Serial: serial, Path: path}); err != nil {
 		return err
 	}
 	return v.control(ctx, func(c *control.Client) error {
-		_, err := c.SetDisk(ctx, serial, path)
+		set := c.SetDisk
+		if readOnly {
+			set = c.SetDiskReadOnly
+		}
+		_, err := set(ctx, serial, path)
 		return err
 	})
 }

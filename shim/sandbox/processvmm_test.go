@@ -93,10 +93,10 @@ func TestProcessVMMLifecycle(t *testing.T) {
 	if err := v.Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := v.SetDisk(ctx, "cube-slot-1", "/img/other.ext4"); err != nil {
+	if err := v.SetDisk(ctx, "cube-slot-1", "/img/other.ext4", false); err != nil {
 		t.Fatal(err)
 	}
-	if err := v.SetDisk(ctx, "cube-slot-1", "/a,b"); err == nil {
+	if err := v.SetDisk(ctx, "cube-slot-1", "/a,b", false); err == nil {
 		t.Fatal("comma in disk path: want error")
 	}
 	// The stand-in serves the real control server: snapshot, and its refusals.
@@ -280,14 +280,14 @@ func TestControlAgainstTheRealServer(t *testing.T) {
 	if strings.Join(target.ops, ",") != "pause,resume" {
 		t.Fatalf("ops %v", target.ops)
 	}
-	if err := v.SetDisk(ctx, "cube-slot-1", "/img/a.ext4"); err != nil {
+	if err := v.SetDisk(ctx, "cube-slot-1", "/img/a.ext4", false); err != nil {
 		t.Fatalf("disk-set: %v", err)
 	}
 	if got := target.ops[len(target.ops)-1]; got != "disk-set cube-slot-1 /img/a.ext4" {
 		t.Fatalf("the server saw %q", got)
 	}
 	// The VMM's refusal reaches the caller with its reason.
-	if err := v.SetDisk(ctx, "cube-slot-9", "/img/a.ext4"); err == nil || !strings.Contains(err.Error(), "no such disk") {
+	if err := v.SetDisk(ctx, "cube-slot-9", "/img/a.ext4", false); err == nil || !strings.Contains(err.Error(), "no such disk") {
 		t.Fatalf("disk-set of an unknown serial: %v", err)
 	}
 }

@@ -89,7 +89,13 @@ type Options struct {
 	// network namespace): attached before the VMM starts, configured in the
 	// guest before Start returns, detached when the VM is gone.
 	Network Network
-	Log     *logrus.Entry
+	// BlockClaimDir holds the host-wide claims on raw block volumes, shared
+	// by every shim of the host (default: block-claims beside Dir).
+	BlockClaimDir string
+	// HostBlockDevice finds a host block device's node and size by its
+	// numbers (default HostBlockDevice; tests fake it).
+	HostBlockDevice func(major, minor uint32) (string, uint64, error)
+	Log             *logrus.Entry
 }
 
 // Sandbox is one VM and its agent connection.
@@ -161,6 +167,7 @@ func (s *Sandbox) StartRestore(ctx context.Context, r RestoreFrom) error {
 type slot struct {
 	serial, stub string
 	owner        string // container id using it, "" when free
+	vol          string // container path of the raw block volume in it, "" for a rootfs
 	mountPoint   string
 }
 
@@ -438,6 +445,9 @@ func (s *Sandbox) teardown(unexpected bool) {
 			<-w
 		}
 	}
+	// Ordering: the VMM is gone, so no guest writes a raw block volume any
+	// more: its claim can go.
+	s.releaseBlockVolumes()
 	// Ordering: the VMM is gone, so the taps are too; then the tc rules on
 	// the CNI interface that pointed at them.
 	s.detachNetwork()
@@ -467,7 +477,7 @@ func (s *Sandbox) AttachRootfs(ctx context.Context, containerID, image string) (
 	agent := s.agent
 	idx := -1
 	for i := range s.slots {
-		if s.slots[i].owner == containerID {
+		if s.slots[i].owner == containerID && s.slots[i].vol == "" {
 			idx = i
 			break
 		}
@@ -496,7 +506,7 @@ func (s *Sandbox) AttachRootfs(ctx context.Context, containerID, image string) (
 	}
 	serial := s.slots[idx].serial
 	if fresh {
-		if err := s.o.VMM.SetDisk(ctx, serial, image); err != nil {
+		if err := s.o.VMM.SetDisk(ctx, serial, image, false); err != nil {
 			release()
 			return "", fmt.Errorf("attach rootfs of %s: %w", containerID, err)
 		}
@@ -504,7 +514,7 @@ func (s *Sandbox) AttachRootfs(ctx context.Context, containerID, image string) (
 	mp, err := agent.MountDisk(ctx, MountDiskRequest{Serial: serial, FSType: "ext4"})
 	if err != nil {
 		if fresh {
-			_ = s.o.VMM.SetDisk(ctx, serial, s.slots[idx].stub)
+			_ = s.o.VMM.SetDisk(ctx, serial, s.slots[idx].stub, false)
 		}
 		release()
 		return "", fmt.Errorf("mount rootfs of %s in the guest: %w", containerID, err)
@@ -521,7 +531,7 @@ func (s *Sandbox) DetachRootfs(ctx context.Context, containerID string) error {
 	s.mu.Lock()
 	idx := -1
 	for i := range s.slots {
-		if s.slots[i].owner == containerID {
+		if s.slots[i].owner == containerID && s.slots[i].vol == "" {
 			idx = i
 		}
 	}
@@ -546,7 +556,7 @@ func (s *Sandbox) DetachRootfs(ctx context.Context, containerID string) error {
 	}
 	// The guest no longer uses the image: re-point the slot so the
 	// snapshotter can remove the file and the next container can take it.
-	if err := s.o.VMM.SetDisk(ctx, sl.serial, sl.stub); err != nil {
+	if err := s.o.VMM.SetDisk(ctx, sl.serial, sl.stub, false); err != nil {
 		return fmt.Errorf("detach rootfs of %s: %w", containerID, err)
 	}
 	return nil

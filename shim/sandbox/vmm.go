@@ -70,8 +70,9 @@ type VMM interface {
 	Pause(ctx context.Context) error
 	Resume(ctx context.Context) error
 	// SetDisk points the pre-created drive slot with this serial at a new
-	// backing file (the guest sees a media change).
-	SetDisk(ctx context.Context, serial, path string) error
+	// backing file or block device (the guest sees a media change);
+	// readOnly opens it read-only and fails the guest's writes.
+	SetDisk(ctx context.Context, serial, path string, readOnly bool) error
 	// Snapshot writes a whole-VM snapshot (memory, vCPU and device state,
 	// copies of the writable disks) into dir, which must be absolute and not
 	// exist yet, and returns the VMM's figures. A paused VM stays paused.

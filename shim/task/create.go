@@ -211,6 +211,23 @@ func (s *Service) Create(ctx context.Context, req *taskAPI.CreateTaskRequest) (_
 	if err != nil {
 		return nil, err
 	}
+	// Ordering: the raw block volumes are attached (slot, claim, guest
+	// numbers) before the guest spec that names their guest numbers exists,
+	// and given back on any later failure (Delete gives them back otherwise).
+	vols, err := sb.AttachBlockVolumes(ctx, req.ID, spec)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil && len(vols) > 0 {
+			if err := sb.DetachBlockVolumes(context.WithoutCancel(ctx), req.ID); err != nil {
+				s.o.Log.WithError(err).WithField("container", req.ID).Error("give back raw block volumes of a failed create")
+			}
+		}
+	}()
+	if guestSpec, err = withGuestDevices(guestSpec, vols); err != nil {
+		return nil, err
+	}
 	var use volumeUse
 	defer func() {
 		if retErr != nil {

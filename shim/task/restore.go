@@ -180,6 +180,12 @@ func (s *Service) createFromCheckpoint(ctx context.Context, req *taskAPI.CreateT
 	if v := spec.Annotations[SandboxIDAnnotation]; v != "" && v != req.ID {
 		return nil, fmt.Errorf("restore %s into pod %s: a checkpoint restores a whole VM, not a member of another pod's VM: %w", req.ID, v, errdefs.ErrNotImplemented)
 	}
+	if devs, err := sandbox.BlockDevices(spec); err != nil {
+		return nil, err
+	} else if len(devs) > 0 {
+		return nil, fmt.Errorf("restore %s: block device %s: a container restored from a checkpoint cannot be given raw block volumes (a checkpoint never holds one, and the restored guest does not apply the spec again); restore it without volumeDevices: %w",
+			req.ID, devs[0].Path, errdefs.ErrFailedPrecondition)
+	}
 	vm, unpacked, err := checkpointVM(req.Checkpoint)
 	if err != nil {
 		return nil, err

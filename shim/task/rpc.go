@@ -101,6 +101,14 @@ func (s *Service) Delete(ctx context.Context, req *taskAPI.DeleteRequest) (*task
 	if last {
 		s.closeVolumes()
 	}
+	// Ordering: the container's processes are gone (above), so nothing in
+	// the guest uses its raw block volumes: their slots and claims go back
+	// (for the last container too, before the VM stops: Stop would also).
+	if sb != nil {
+		if err := sb.DetachBlockVolumes(ctx, req.ID); err != nil {
+			s.o.Log.WithError(err).WithField("container", req.ID).Warn("detach raw block volumes")
+		}
+	}
 	// The last container's disk goes with the VM (Stop syncs the guest's
 	// filesystems first); others give their drive slot back now.
 	if sb != nil && !last {

@@ -163,7 +163,7 @@ func ProcessSandboxFactory(ns string, log *logrus.Entry) SandboxFactory {
 			MemoryMiB: cfg.MemoryMiB, VCPUs: cfg.VCPUs, DiskSlots: int(cfg.DiskSlots),
 			Template: cfg.Template, TemplateFor: templateFor(cfg, to, log.WithField("sandbox", id)), BootTimeout: to.Boot,
 			VMM: vmm, Dial: sandbox.DialAgentTimeout(to.Agent), Cgroup: cg, Log: log.WithField("sandbox", id),
-			Network: network,
+			Network: network, BlockClaimDir: filepath.Join(cfg.StateDir, sandbox.BlockClaimDirName),
 		})
 	}
 }

@@ -101,6 +101,8 @@ type harness struct {
 	stateDir string
 	boots    int
 	cgroup   string // the fake VMM's cgroup, if set
+	// hostBlock, when set, resolves host block devices for the sandbox.
+	hostBlock func(major, minor uint32) (string, uint64, error)
 }
 
 func newHarness(t testing.TB) *harness {
@@ -124,7 +126,7 @@ func newHarness(t testing.TB) *harness {
 			return sandbox.New(sandbox.Options{
 				ID: id, Dir: SandboxDir(cfg.StateDir, "test", id), Kernel: cfg.Kernel, MemoryMiB: cfg.MemoryMiB,
 				VCPUs: cfg.VCPUs, DiskSlots: int(cfg.DiskSlots), BootTimeout: time.Second,
-				VMM: h.vmm, Dial: sandboxtest.Dialer(h.agent), Cgroup: h.cgroup,
+				VMM: h.vmm, Dial: sandboxtest.Dialer(h.agent), Cgroup: h.cgroup, HostBlockDevice: h.hostBlock,
 			})
 		},
 	})

@@ -46,6 +46,8 @@ type Agent struct {
 	networks   []sandbox.NetworkConfig
 	// RenameErr, when set, is RenameContainer's answer (an agent without it).
 	RenameErr error
+	// BlockDeviceErr, when set, is BlockDevice's answer.
+	BlockDeviceErr error
 	// TreeErr, when set, is SyncTree's answer.
 	TreeErr error
 	trees   map[string]sandbox.Tree
@@ -153,6 +155,35 @@ func (a *Agent) Mounts() map[string]string {
 }
 
 func (a *Agent) Health(ctx context.Context) error { return a.enter("Health") }
+
+// BlockDevice answers for a drive of the fake VMM: /dev/vd<letter> of its
+// slot number N, device numbers 253:16*N, the size asked for. BlockDeviceErr,
+// when set, is the answer instead.
+func (a *Agent) BlockDevice(ctx context.Context, serial string, size uint64) (sandbox.GuestBlockDevice, error) {
+	if err := a.enter("BlockDevice"); err != nil {
+		return sandbox.GuestBlockDevice{}, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.BlockDeviceErr != nil {
+		return sandbox.GuestBlockDevice{}, a.BlockDeviceErr
+	}
+	if a.disks != nil {
+		if _, ok := a.disks(serial); !ok {
+			return sandbox.GuestBlockDevice{}, fmt.Errorf("no disk with serial %q", serial)
+		}
+	}
+	for mp, s := range a.mounts {
+		if s == serial {
+			return sandbox.GuestBlockDevice{}, fmt.Errorf("disk %q is mounted at %s", serial, mp)
+		}
+	}
+	n, err := strconv.Atoi(strings.TrimPrefix(serial, "cube-slot-"))
+	if err != nil || n > 25 {
+		return sandbox.GuestBlockDevice{}, fmt.Errorf("fake agent: serial %q is no cube-slot-N", serial)
+	}
+	return sandbox.GuestBlockDevice{Device: "/dev/vd" + string(rune('a'+n)), Major: 253, Minor: uint32(16 * n), Size: size}, nil
+}
 
 func (a *Agent) MountDisk(ctx context.Context, req sandbox.MountDiskRequest) (string, error) {
 	if err := a.enter("MountDisk"); err != nil {

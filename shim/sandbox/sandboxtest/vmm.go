@@ -18,15 +18,20 @@ import (
 
 // VMM is a fake sandbox.VMM. Crash ends it as if the process died.
 type VMM struct {
-	mu       sync.Mutex
-	Config   sandbox.VMConfig
-	Paused   bool
-	Disks    map[string]string // serial -> backing path
-	started  bool
-	done     chan struct{}
-	exit     sandbox.VMExit
-	StartErr error
-	Agent    *Agent // crashed along with the VM
+	mu     sync.Mutex
+	Config sandbox.VMConfig
+	Paused bool
+	Disks  map[string]string // serial -> backing path
+	// ReadOnly holds the serials whose medium SetDisk set read-only.
+	ReadOnly map[string]bool
+	// SetDiskErr, when set and non-nil for a serial and path, is SetDisk's
+	// answer (the drive unchanged).
+	SetDiskErr func(serial, path string) error
+	started    bool
+	done       chan struct{}
+	exit       sandbox.VMExit
+	StartErr   error
+	Agent      *Agent // crashed along with the VM
 	// Snapshots lists the dirs Snapshot wrote, Incremental whether each was
 	// incremental; SnapshotErr makes it fail. SnapshotFunc, when set, writes
 	// the snapshot instead of the marker file (a test of the snapshot store's
@@ -50,7 +55,7 @@ type VMM struct {
 
 // NewVMM returns a fake VMM whose agent is a.
 func NewVMM(a *Agent) *VMM {
-	return &VMM{done: make(chan struct{}), Disks: map[string]string{}, Agent: a}
+	return &VMM{done: make(chan struct{}), Disks: map[string]string{}, ReadOnly: map[string]bool{}, Agent: a}
 }
 
 func (v *VMM) Start(ctx context.Context, cfg sandbox.VMConfig) error {
@@ -126,7 +131,7 @@ func (v *VMM) Resume(ctx context.Context) error {
 	return nil
 }
 
-func (v *VMM) SetDisk(ctx context.Context, serial, path string) error {
+func (v *VMM) SetDisk(ctx context.Context, serial, path string, readOnly bool) error {
 	if err := v.alive(); err != nil {
 		return err
 	}
@@ -135,7 +140,17 @@ func (v *VMM) SetDisk(ctx context.Context, serial, path string) error {
 	if _, ok := v.Disks[serial]; !ok {
 		return fmt.Errorf("fake vmm: no drive %q", serial)
 	}
+	if v.SetDiskErr != nil {
+		if err := v.SetDiskErr(serial, path); err != nil {
+			return err
+		}
+	}
 	v.Disks[serial] = path
+	if readOnly {
+		v.ReadOnly[serial] = true
+	} else {
+		delete(v.ReadOnly, serial)
+	}
 	return nil
 }
 
