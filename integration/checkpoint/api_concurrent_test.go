@@ -1,11 +1,9 @@
 package checkpoint
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -150,16 +148,7 @@ func (d *daemons) waitOrStacks(t *testing.T, wg *sync.WaitGroup, from int64, wha
 // containerd's log got since from.
 func (d *daemons) shimStacks(from int64) string {
 	var pids []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		var pid int
-		if _, err := fmt.Sscan(e.Name(), &pid); err != nil {
-			continue
-		}
-		cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil || !bytes.Contains(cmd, []byte("containerd-shim-cube-v1")) {
-			continue
-		}
+	for _, pid := range cubetest.ProcsNamed("containerd-shim-cube-v1") {
 		if syscall.Kill(pid, syscall.SIGUSR1) == nil {
 			pids = append(pids, pid)
 		}

@@ -39,28 +39,7 @@ func (c *criEnv) crictl(args ...string) (string, error)          { return c.Cric
 func (c *criEnv) ctr(args ...string) (string, error)             { return c.Ctr(args...) }
 
 // cubeVMMs lists the pids of running cube-vmm processes.
-func cubeVMMs() []int { return procsNamed("cube-vmm") }
-
-// procsNamed lists the pids of processes whose argv[0] is named name.
-func procsNamed(name string) []int {
-	ents, _ := os.ReadDir("/proc")
-	var pids []int
-	for _, e := range ents {
-		var pid int
-		if _, err := fmt.Sscanf(e.Name(), "%d", &pid); err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil || len(b) == 0 {
-			continue
-		}
-		argv0, _, _ := bytes.Cut(b, []byte{0})
-		if filepath.Base(string(argv0)) == name {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
+func cubeVMMs() []int { return cubetest.ProcsNamed("cube-vmm") }
 
 // startCRI starts containerd with its CRI plugin (cubetest.StartCRI).
 func startCRI(t *testing.T) *criEnv { return &criEnv{cubetest.StartCRI(t, cubetest.CRIOptions{})} }
@@ -115,7 +94,7 @@ func TestCRIPodTwoContainersOneVM(t *testing.T) {
 		return n
 	}
 	socketsBefore := sockets()
-	shimsBefore := procsNamed("containerd-shim-cube-v1")
+	shimsBefore := cubetest.ProcsNamed("containerd-shim-cube-v1")
 	if pids := cubeVMMs(); len(pids) != 0 {
 		t.Fatalf("cube-vmm already running before the pod: %v", pids)
 	}
@@ -259,7 +238,7 @@ func TestCRIPodTwoContainersOneVM(t *testing.T) {
 		if ents, _ := os.ReadDir(filepath.Join(c.Dir, "vms")); len(ents) > 0 {
 			left = append(left, fmt.Sprintf("sandbox state %v", ents))
 		}
-		if now := procsNamed("containerd-shim-cube-v1"); len(now) > len(shimsBefore) {
+		if now := cubetest.ProcsNamed("containerd-shim-cube-v1"); len(now) > len(shimsBefore) {
 			left = append(left, fmt.Sprintf("shim processes %v (before the pod: %v)", now, shimsBefore))
 		}
 		if now := sockets(); len(now) > len(socketsBefore) {
