@@ -106,9 +106,13 @@ type Container struct {
 	Labels  map[string]string
 	Created time.Time
 	// Status is its task's ("running", "paused", "created", "stopped",
-	// "unknown"; "" without a task).
+	// "unknown"; "" without a task). List gives StatusUnknown to a sandbox
+	// whose shim did not answer in time.
 	Status string
 }
+
+// StatusUnknown is a Container's Status when its task's could not be read.
+const StatusUnknown = "unknown"
 
 // CreateSpec is a container to create.
 type CreateSpec struct {

@@ -105,6 +105,15 @@ func (c *Containerd) Create(ctx context.Context, spec CreateSpec) (Container, er
 	return c.Get(ctx, spec.ID)
 }
 
+// listStatusTimeout bounds how long List waits for one sandbox's task
+// status: a shim busy with a long create, restore or delete answers late,
+// and one such sandbox must not fail the whole list (it is listed with
+// Status StatusUnknown).
+const listStatusTimeout = 5 * time.Second
+
+// listWorkers is how many sandboxes List describes at once.
+const listWorkers = 8
+
 // List implements Backend.
 func (c *Containerd) List(ctx context.Context) ([]Container, error) {
 	ctx = c.ctx(ctx)
@@ -112,22 +121,43 @@ func (c *Containerd) List(ctx context.Context) ([]Container, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list containers in namespace %s: %w", c.Namespace, err)
 	}
+	type result struct {
+		ct  Container
+		err error
+	}
+	res := make([]result, len(cs))
+	sem := make(chan struct{}, listWorkers)
+	var wg sync.WaitGroup
+	for i, ctr := range cs {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			res[i].ct, res[i].err = c.describeWithin(ctx, ctr, listStatusTimeout)
+		})
+	}
+	wg.Wait()
 	var out []Container
-	for _, ctr := range cs {
-		ct, err := c.describe(ctx, ctr)
-		if errdefs.IsNotFound(err) {
+	for _, r := range res {
+		if errdefs.IsNotFound(r.err) {
 			continue // deleted meanwhile, or not a sandbox
 		}
-		if err != nil {
-			return nil, err
+		if r.err != nil {
+			return nil, r.err
 		}
-		out = append(out, ct)
+		out = append(out, r.ct)
 	}
 	return out, nil
 }
 
 // describe reads a sandbox's labels and task status (NotFound: not a sandbox).
 func (c *Containerd) describe(ctx context.Context, ctr containerd.Container) (Container, error) {
+	return c.describeWithin(ctx, ctr, 0)
+}
+
+// describeWithin is describe with the task's status bounded by within (0:
+// ctx alone bounds it): a status that does not come in time, or fails, is
+// StatusUnknown, logged, and not an error.
+func (c *Containerd) describeWithin(ctx context.Context, ctr containerd.Container, within time.Duration) (Container, error) {
 	info, err := ctr.Info(ctx, containerd.WithoutRefreshedMetadata)
 	if err != nil {
 		return Container{}, fmt.Errorf("container %s: %w", ctr.ID(), err)
@@ -136,22 +166,38 @@ func (c *Containerd) describe(ctx context.Context, ctr containerd.Container) (Co
 		return Container{}, fmt.Errorf("container %s is not a sandbox of cube-api: %w", ctr.ID(), errdefs.ErrNotFound)
 	}
 	out := Container{ID: info.ID, Image: info.Image, Labels: info.Labels, Created: info.CreatedAt}
-	task, err := ctr.Task(ctx, nil)
-	if errdefs.IsNotFound(err) {
-		return out, nil
+	sctx := ctx
+	if within > 0 {
+		var cancel context.CancelFunc
+		sctx, cancel = context.WithTimeout(ctx, within)
+		defer cancel()
 	}
-	if err != nil {
-		return Container{}, fmt.Errorf("sandbox %s: its task: %w", ctr.ID(), err)
-	}
-	st, err := task.Status(ctx)
+	st, err := taskStatus(sctx, ctr)
 	switch {
 	case errdefs.IsNotFound(err):
 		return out, nil
+	case err != nil && within > 0 && ctx.Err() == nil:
+		c.log().WithError(err).WithField("sandbox", ctr.ID()).Warn("list: its task's status did not come in time: listed as unknown")
+		out.Status = StatusUnknown
+		return out, nil
 	case err != nil:
-		return Container{}, fmt.Errorf("sandbox %s: its task's status: %w", ctr.ID(), err)
+		return Container{}, fmt.Errorf("sandbox %s: %w", ctr.ID(), err)
 	}
-	out.Status = string(st.Status)
+	out.Status = st
 	return out, nil
+}
+
+// taskStatus is ctr's task's status (NotFound: it has no task).
+func taskStatus(ctx context.Context, ctr containerd.Container) (string, error) {
+	task, err := ctr.Task(ctx, nil)
+	if err != nil {
+		return "", fmt.Errorf("its task: %w", err)
+	}
+	st, err := task.Status(ctx)
+	if err != nil {
+		return "", fmt.Errorf("its task's status: %w", err)
+	}
+	return string(st.Status), nil
 }
 
 // load returns sandbox id's container.

@@ -25,6 +25,10 @@ func (s *Server) Reap(ctx context.Context) {
 			continue
 		}
 		log := s.log.WithFields(map[string]any{"sandbox": sb.SandboxID, "deadline": sb.EndAt})
+		if sb.State == StatusUnknown {
+			log.Warn("reaper: sandbox past its timeout, but its state is unknown (its shim is busy): next round")
+			continue
+		}
 		if sb.AutoPause && sb.State == "running" {
 			if err := s.be.Pause(ctx, sb.SandboxID); err != nil {
 				log.WithError(err).Warn("reaper: pause an expired sandbox")

@@ -169,6 +169,20 @@ func TestReaper(t *testing.T) {
 	if !strings.Contains(e.logs.String(), "sandbox past its timeout killed") {
 		t.Errorf("no log of the kill:\n%s", e.logs)
 	}
+	// A sandbox whose shim did not answer the list in time is left for the
+	// next round, not killed blind; answering again, it is reaped.
+	busy := e.create(map[string]any{"timeout": 10}).SandboxID
+	e.f.ctrs[busy].Status = StatusUnknown
+	e.advance(11 * time.Second)
+	e.s.Reap(context.Background())
+	if e.f.ctrs[busy] == nil || !strings.Contains(e.logs.String(), "its state is unknown") {
+		t.Fatalf("reaper with an unknown state: %v; log:\n%s", e.f.ctrs[busy], e.logs)
+	}
+	e.f.ctrs[busy].Status = "running"
+	e.s.Reap(context.Background())
+	if e.f.ctrs[busy] != nil {
+		t.Errorf("the busy sandbox, answering again, was not reaped")
+	}
 }
 
 func TestListSandboxes(t *testing.T) {

@@ -18,6 +18,10 @@ import (
 // cube-api for at once (issue 15: "10 creates at once").
 const concurrentCreates = 10
 
+// warmRounds is how many sandboxes TestCubeAPIConcurrentCreate creates and
+// deletes one at a time before its creates at once.
+const warmRounds = 3
+
 // idleCommand is the sandboxes' main process in TestCubeAPIConcurrentCreate:
 // ten sandboxes each running cubetest.CounterScript (two forks every 0.1 s)
 // keep the 1-vCPU test host's CPU busy — creates then take over a minute
@@ -47,6 +51,19 @@ func TestCubeAPIConcurrentCreate(t *testing.T) {
 			t.Errorf("delete template %s: %v", tp.TemplateID, err)
 		}
 	})
+
+	// As BenchmarkCubeAPI does before its 10: creates one at a time, each
+	// deleted (a benchmark's c=1 rows). The 10 at once once hung after such
+	// rounds and never without them.
+	for i := range warmRounds {
+		sb, err := c.Create(ctx, cube.CreateOptions{Template: tp.TemplateID, Timeout: 600})
+		if err != nil {
+			t.Fatalf("create %d of %d one at a time: %v", i+1, warmRounds, err)
+		}
+		if err := sb.Kill(ctx); err != nil {
+			t.Fatalf("kill %s (create %d one at a time): %v", sb.ID, i+1, err)
+		}
+	}
 
 	from := d.LogSize()
 	made := make([]*cube.Sandbox, concurrentCreates)
