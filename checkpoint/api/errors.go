@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"strings"
 
 	"github.com/containerd/errdefs"
@@ -106,6 +107,49 @@ func decode(r *http.Request, v any, optional bool) error {
 	}
 	if dec.More() {
 		return invalid("malformed JSON: data after the object at byte %d", dec.InputOffset())
+	}
+	return exactFields(body, reflect.TypeOf(v), "")
+}
+
+// exactFields refuses a field name that encoding/json matched only
+// case-insensitively ("templateId" for "templateID"), in body's object and
+// the objects of its struct-typed fields: the API's names are exact, as
+// E2B's. body has decoded into t already.
+func exactFields(body []byte, t reflect.Type, at string) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct {
+		return nil
+	}
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(body, &obj) != nil {
+		return nil // null, or not an object: decoding judged it already
+	}
+	names := map[string]reflect.StructField{}
+	for f := range t.Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "-" || !f.IsExported() {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		names[name] = f
+	}
+	for key, raw := range obj {
+		f, ok := names[key]
+		if !ok {
+			for name := range names {
+				if strings.EqualFold(name, key) {
+					return invalid("unknown field %q%s: field names are case-sensitive; did you mean %q?", key, at, name)
+				}
+			}
+			continue
+		}
+		if err := exactFields(raw, f.Type, fmt.Sprintf(" in %q", key)); err != nil {
+			return err
+		}
 	}
 	return nil
 }

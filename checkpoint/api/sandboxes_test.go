@@ -55,6 +55,8 @@ func TestCreateDefaultsAndErrors(t *testing.T) {
 	e.wantError("POST", "/sandboxes", map[string]any{"metadata": []string{"x"}}, 400, `"metadata"`, "an object")
 	e.wantError("POST", "/sandboxes", map[string]any{"envVars": map[string]string{"A=B": "1"}}, 400, `"envVars"`)
 	e.wantError("POST", "/sandboxes", map[string]any{"template": "x"}, 400, `unknown field "template"`)
+	e.wantError("POST", "/sandboxes", map[string]any{"templateId": "x"}, 400, `unknown field "templateId"`, "case-sensitive", `"templateID"`)
+	e.wantError("POST", "/sandboxes", map[string]any{"network": map[string]any{"allowout": []string{}}}, 400, `unknown field "allowout" in "network"`, `"allowOut"`)
 	e.wantError("POST", "/sandboxes", `{"timeout": 10`, 400, "malformed JSON")
 	e.wantError("POST", "/sandboxes", `{"timeout": 1x}`, 400, "malformed JSON at byte")
 	e.wantError("POST", "/sandboxes", `{} {}`, 400, "data after the object")
