@@ -153,8 +153,8 @@ func (d *daemons) waitOrStacks(t *testing.T, wg *sync.WaitGroup, from int64, wha
 	case <-done:
 	case <-time.After(stuckAfter):
 		load, _ := os.ReadFile("/proc/loadavg")
-		t.Errorf("%d %s at once: not all back after %v (load average %s); the shims' stacks:\n%s",
-			concurrentCreates, what, stuckAfter, strings.TrimSpace(string(load)), d.shimStacks(from))
+		t.Errorf("%d %s at once: not all back after %v (load average %s; %s); the shims' stacks:\n%s",
+			concurrentCreates, what, stuckAfter, strings.TrimSpace(string(load)), memSummary(), d.shimStacks(from))
 		<-done
 	}
 }
@@ -183,4 +183,19 @@ func (d *daemons) shimStacks(from int64) string {
 		s = s[len(s)-400<<10:]
 	}
 	return s
+}
+
+// memSummary is the test host's memory as /proc/meminfo tells it: total,
+// available, and what tmpfs (the state directories) holds.
+func memSummary() string {
+	b, _ := os.ReadFile("/proc/meminfo")
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		for _, k := range []string{"MemTotal:", "MemAvailable:", "Shmem:"} {
+			if strings.HasPrefix(l, k) {
+				out = append(out, strings.Join(strings.Fields(l), " "))
+			}
+		}
+	}
+	return strings.Join(out, ", ")
 }
