@@ -144,7 +144,7 @@ func TestCubeAPIConcurrentCreate(t *testing.T) {
 // waitOrStacks waits for wg; when what is not all back within stuckAfter,
 // the test fails with the shims' stacks and the test host's load, and
 // waits on.
-func (d *daemons) waitOrStacks(t *testing.T, wg *sync.WaitGroup, from int64, what string) {
+func (d *daemons) waitOrStacks(t testing.TB, wg *sync.WaitGroup, from int64, what string) {
 	t.Helper()
 	const stuckAfter = 3 * time.Minute
 	done := make(chan struct{})

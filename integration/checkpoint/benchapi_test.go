@@ -98,6 +98,7 @@ func (r *apiBench) create() {
 	made := make([]*cube.Sandbox, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
+	from := r.d.LogSize()
 	start := time.Now()
 	for i := range n {
 		wg.Go(func() {
@@ -106,7 +107,7 @@ func (r *apiBench) create() {
 			lat[i] = time.Since(t0)
 		})
 	}
-	wg.Wait()
+	r.d.waitOrStacks(b, &wg, from, "creates")
 	wall := time.Since(start)
 	failed := 0
 	for i, sb := range made {
