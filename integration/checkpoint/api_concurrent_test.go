@@ -38,10 +38,7 @@ func TestCubeAPIConcurrentCreate(t *testing.T) {
 	d := startDaemons(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	d.importForAPI(t, ctx)
-	addr := freeAddr(t)
-	d.startAPIWith(t, addr, idleCommand)
-	c := &cube.Client{URL: "http://" + addr, APIKey: apiKey}
+	c, _ := d.newAPI(t, ctx, idleCommand)
 	tp, err := c.BuildTemplate(ctx, cubetest.ImageRef, cube.BuildTemplateOptions{TemplateID: "conc-tpl"})
 	if err != nil {
 		t.Fatalf("build a template: %v", err)

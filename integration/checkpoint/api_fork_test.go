@@ -24,6 +24,18 @@ func (d *daemons) importForAPI(t testing.TB, ctx context.Context) {
 	}
 }
 
+// newAPI imports the test image into cube-api's namespace and starts
+// cube-api on a free loopback address with sandboxes running the shell
+// command line command: its client (the address is c.URL's) and its stop
+// function (also run at the test's end).
+func (d *daemons) newAPI(t testing.TB, ctx context.Context, command string) (*cube.Client, func()) {
+	t.Helper()
+	d.importForAPI(t, ctx)
+	addr := freeAddr(t)
+	stop := d.startAPIWith(t, addr, command)
+	return &cube.Client{URL: "http://" + addr, APIKey: apiKey}, stop
+}
+
 // apiStartWorker writes the worker into sb and starts it as a background command.
 func apiStartWorker(t *testing.T, ctx context.Context, sb *cube.Sandbox) {
 	t.Helper()
@@ -56,15 +68,9 @@ func apiStartWorker(t *testing.T, ctx context.Context, sb *cube.Sandbox) {
 // template's. At the end no sandbox, container or snapshot remains.
 func TestCubeAPIRestoreAndFork(t *testing.T) {
 	d := startDaemons(t)
-	if _, err := os.Stat(apiBin); err != nil {
-		t.Fatalf("cube-api not in the test host: %v", err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	d.importForAPI(t, ctx)
-	addr := freeAddr(t)
-	d.startAPI(t, addr)
-	c := &cube.Client{URL: "http://" + addr, APIKey: apiKey}
+	c, _ := d.newAPI(t, ctx, cubetest.CounterScript)
 	var made []*cube.Sandbox
 	defer func() {
 		for _, sb := range made {

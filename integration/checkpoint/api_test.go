@@ -81,6 +81,9 @@ func (d *daemons) startAPIWith(t testing.TB, addr, command string) func() {
 // startAPIErr is startAPIWith returning its failure instead of failing the test (for goroutines other than the
 // test's: serveDemo's restart route).
 func (d *daemons) startAPIErr(t testing.TB, addr, command string) (func(), error) {
+	if _, err := os.Stat(apiBin); err != nil {
+		return nil, fmt.Errorf("cube-api not in the test host: %w", err)
+	}
 	conf := filepath.Join(d.Dir, "api.toml")
 	cniConf, cniCache := filepath.Join(d.Dir, "cni"), filepath.Join(d.Dir, "cni-cache")
 	os.MkdirAll(cniConf, 0o755)
@@ -134,21 +137,11 @@ func freeAddr(t testing.TB) string {
 // connect → restart of cube-api → delete, and the error answers.
 func TestCubeAPI(t *testing.T) {
 	d := startDaemons(t)
-	if _, err := os.Stat(apiBin); err != nil {
-		t.Fatalf("cube-api not in the test host: %v", err)
-	}
 	// cube-api keeps its sandboxes in a namespace of its own: the image goes there too.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	imp := exec.CommandContext(ctx, cubetest.CtrBin, "--address", d.Dir+"/containerd.sock", "--namespace", apiNamespace,
-		"images", "import", "--snapshotter", "cube", cubetest.ImageTar)
-	imp.Env = d.Env
-	if out, err := imp.CombinedOutput(); err != nil {
-		t.Fatalf("import into %s: %v\n%s", apiNamespace, err, out)
-	}
-	addr := freeAddr(t)
-	stopAPI := d.startAPI(t, addr)
-	c := &cube.Client{URL: "http://" + addr, APIKey: apiKey}
+	c, stopAPI := d.newAPI(t, ctx, cubetest.CounterScript)
+	addr := strings.TrimPrefix(c.URL, "http://")
 
 	// Errors: no key, unknown template.
 	if _, _, err := (&cube.Client{URL: c.URL}).List(ctx, cube.ListOptions{}); err == nil || !strings.Contains(err.Error(), "401") {

@@ -44,15 +44,7 @@ func TestCubeAPINetwork(t *testing.T) {
 	a, b := cubetest.NewCountingServer(t, apiNetServerA), cubetest.NewCountingServer(t, apiNetServerB)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	imp := exec.CommandContext(ctx, cubetest.CtrBin, "--address", d.Dir+"/containerd.sock", "--namespace", apiNamespace,
-		"images", "import", "--snapshotter", "cube", cubetest.ImageTar)
-	imp.Env = d.Env
-	if out, err := imp.CombinedOutput(); err != nil {
-		t.Fatalf("import into %s: %v\n%s", apiNamespace, err, out)
-	}
-	addr := freeAddr(t)
-	d.startAPI(t, addr)
-	c := &cube.Client{URL: "http://" + addr, APIKey: apiKey}
+	c, _ := d.newAPI(t, ctx, cubetest.CounterScript)
 
 	no := false
 	sb, err := c.Create(ctx, cube.CreateOptions{Template: cubetest.ImageRef, Timeout: 900, AllowInternetAccess: &no,
@@ -109,7 +101,7 @@ func TestCubeAPINetwork(t *testing.T) {
 	if _, err := sb.Commands.Start(ctx, "busybox httpd -f -p 0.0.0.0:8080 -h /www", cube.RunOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if body, err := proxyGet(addr, sb.GetHost(8080), "/i"); err != nil || strings.TrimSpace(body) != "hello-through-the-proxy" {
+	if body, err := proxyGet(strings.TrimPrefix(c.URL, "http://"), sb.GetHost(8080), "/i"); err != nil || strings.TrimSpace(body) != "hello-through-the-proxy" {
 		t.Errorf("GET /i at %s: %q %v", sb.GetHost(8080), body, err)
 	}
 

@@ -27,12 +27,9 @@ func BenchmarkCubeAPI(b *testing.B) {
 	d := startDaemons(b)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	d.importForAPI(b, ctx)
-	addr := freeAddr(b)
 	// Idle sandboxes (idleCommand): ten busy ones would measure the test
 	// host's CPU, not the creates and forks.
-	d.startAPIWith(b, addr, idleCommand)
-	c := &cube.Client{URL: "http://" + addr, APIKey: apiKey}
+	c, _ := d.newAPI(b, ctx, idleCommand)
 	for b.Loop() {
 		var out strings.Builder
 		tp, err := c.BuildTemplate(ctx, cubetest.ImageRef, cube.BuildTemplateOptions{TemplateID: "bench-tpl"})
