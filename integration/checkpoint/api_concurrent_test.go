@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -175,6 +176,7 @@ func (d *daemons) shimStacks(from int64) string {
 			b.WriteString(l + "\n")
 		}
 	}
+	b.WriteString(vmmStates(d.LogFrom(from)))
 	s := b.String()
 	if len(s) > 400<<10 {
 		s = s[len(s)-400<<10:]
@@ -195,4 +197,65 @@ func memSummary() string {
 		}
 	}
 	return strings.Join(out, ", ")
+}
+
+// vmmStates describes every cube-vmm process for a hang report: its
+// threads (cubetest.ProcThreads), its VM directory's files and console
+// tail, and what its shim logged of it (log: containerd's, since the hang's
+// start).
+func vmmStates(log string) string {
+	var b strings.Builder
+	for _, pid := range cubetest.ProcsNamed("cube-vmm") {
+		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		args := strings.Split(string(cmd), "\x00")
+		dir := ""
+		for i, a := range args {
+			if a == "-control" && i+1 < len(args) {
+				dir = filepath.Dir(args[i+1])
+			}
+		}
+		id := shimIDOf(pid)
+		fmt.Fprintf(&b, "\ncube-vmm pid %d (%s, shim of %s) threads:%s\n", pid, dir, id, cubetest.ProcThreads(pid))
+		if dir == "" {
+			continue
+		}
+		if ents, err := os.ReadDir(dir); err == nil {
+			var names []string
+			for _, e := range ents {
+				names = append(names, e.Name())
+			}
+			fmt.Fprintf(&b, "  files: %s\n", strings.Join(names, " "))
+		}
+		if con, err := os.ReadFile(filepath.Join(dir, "console.log")); err == nil {
+			fmt.Fprintf(&b, "  console tail:\n%s\n", cubetest.LastLines(string(con), 5))
+		}
+		for _, l := range strings.Split(log, "\n") {
+			if (strings.Contains(l, filepath.Base(dir)) || id != "" && strings.Contains(l, "id="+id)) && !strings.Contains(l, "goroutine") {
+				fmt.Fprintf(&b, "  log: %s\n", l)
+			}
+		}
+	}
+	return b.String()
+}
+
+// shimIDOf is the -id of process pid's parent (a cube-vmm's shim), or "".
+func shimIDOf(pid int) string {
+	stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	s := string(stat)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return ""
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 2 {
+		return ""
+	}
+	cmd, _ := os.ReadFile("/proc/" + f[1] + "/cmdline")
+	args := strings.Split(string(cmd), "\x00")
+	for i, a := range args {
+		if a == "-id" && i+1 < len(args) {
+			return args[i+1]
+		}
+	}
+	return ""
 }
