@@ -205,6 +205,7 @@ func memSummary() string {
 // start).
 func vmmStates(log string) string {
 	var b strings.Builder
+	b.WriteString(cubetest.BusyThreads())
 	for _, pid := range cubetest.ProcsNamed("cube-vmm") {
 		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 		args := strings.Split(string(cmd), "\x00")

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 )
 
@@ -56,4 +57,56 @@ func ProcThreads(pid int) string {
 		fmt.Fprintf(&b, " %s[%s %s %s+%st]", comm, f[0], string(wchan), f[11], f[12])
 	}
 	return b.String()
+}
+
+// BusyThreads lists the threads of every process that are running or
+// waiting to run (R) or blocked in the kernel (D), and the processes that
+// have used the most CPU, for a hang report.
+func BusyThreads() string {
+	ents, _ := os.ReadDir("/proc")
+	type proc struct {
+		name  string
+		ticks int
+	}
+	var busy []string
+	var top []proc
+	for _, e := range ents {
+		if _, err := fmt.Sscanf(e.Name(), "%d", new(int)); err != nil {
+			continue
+		}
+		tasks, _ := os.ReadDir(filepath.Join("/proc", e.Name(), "task"))
+		total := 0
+		pname := ""
+		for _, t := range tasks {
+			stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "task", t.Name(), "stat"))
+			s := string(stat)
+			i := strings.LastIndexByte(s, ')')
+			if i < 0 {
+				continue
+			}
+			comm := s[strings.IndexByte(s, '(')+1 : i]
+			f := strings.Fields(s[i+1:])
+			if len(f) < 13 {
+				continue
+			}
+			var ut, st int
+			fmt.Sscan(f[11], &ut)
+			fmt.Sscan(f[12], &st)
+			total += ut + st
+			if pname == "" {
+				pname = e.Name() + " " + comm
+			}
+			if f[0] == "R" || f[0] == "D" {
+				busy = append(busy, fmt.Sprintf("%s/%s %s %s (%d+%dt)", e.Name(), t.Name(), comm, f[0], ut, st))
+			}
+		}
+		top = append(top, proc{pname, total})
+	}
+	sort.Slice(top, func(i, j int) bool { return top[i].ticks > top[j].ticks })
+	var b strings.Builder
+	fmt.Fprintf(&b, "threads running or runnable (R) or in D: %s\nmost CPU so far:", strings.Join(busy, ", "))
+	for i := 0; i < len(top) && i < 12; i++ {
+		fmt.Fprintf(&b, " %s=%dt", top[i].name, top[i].ticks)
+	}
+	return b.String() + "\n"
 }
