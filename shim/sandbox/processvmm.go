@@ -215,21 +215,14 @@ func (v *ProcessVMM) Start(ctx context.Context, cfg VMConfig) error {
 			return fmt.Errorf("place vmm pid %d in cgroup %s: %w", cmd.Process.Pid, v.Cgroup, err)
 		}
 	}
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		if exists(cfg.VsockPath) && exists(cfg.ControlPath) {
-			return nil
-		}
-		select {
-		case <-v.done:
-			return fmt.Errorf("vmm exited before creating its sockets: %s%s", v.Exit().describe(), v.tail.last())
-		case <-ctx.Done():
-			v.kill()
-			return fmt.Errorf("wait for vmm sockets: %w", ctx.Err())
-		case <-tick.C:
-		}
+	switch err := waitFiles(ctx, v.done, cfg.VsockPath, cfg.ControlPath); {
+	case errors.Is(err, errVMMExited):
+		return fmt.Errorf("vmm exited before creating its sockets: %s%s", v.Exit().describe(), v.tail.last())
+	case err != nil:
+		v.kill()
+		return fmt.Errorf("wait for vmm sockets: %w", err)
 	}
+	return nil
 }
 
 func (e VMExit) describe() string {

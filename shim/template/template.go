@@ -194,7 +194,9 @@ func (c *Cache) lock(ctx context.Context, key string) (func(), time.Duration, er
 	}
 	start := time.Now()
 	deadline := start.Add(c.Wait)
-	for {
+	// Backing off to 250 ms: many shims waiting out one build at a short
+	// fixed interval take the CPU the build needs.
+	for delay := 10 * time.Millisecond; ; delay = min(2*delay, 250*time.Millisecond) {
 		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
 		if err == nil {
 			return func() { f.Close() }, time.Since(start), nil // closing releases the flock
@@ -212,7 +214,7 @@ func (c *Cache) lock(ctx context.Context, key string) (func(), time.Duration, er
 		case <-ctx.Done():
 			f.Close()
 			return nil, 0, fmt.Errorf("wait for template %s: %w", key, ctx.Err())
-		case <-time.After(20 * time.Millisecond):
+		case <-time.After(delay):
 		}
 	}
 }
