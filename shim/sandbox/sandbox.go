@@ -225,7 +225,8 @@ func (s *Sandbox) Exit() (VMExit, bool) {
 }
 
 // Start boots the VM with firstImage (the first container's rootfs) in slot 0
-// and waits for the agent. On error everything started is torn down.
+// and waits for the agent. On error everything started is torn down. Its
+// log line "sandbox started" times each step (steps_ms).
 func (s *Sandbox) Start(ctx context.Context, firstImage, firstOwner string) (retErr error) {
 	s.mu.Lock()
 	if s.state != StateNew {
@@ -235,9 +236,11 @@ func (s *Sandbox) Start(ctx context.Context, firstImage, firstOwner string) (ret
 	}
 	s.state = StateBooting
 	s.mu.Unlock()
+	steps := NewSteps(time.Now())
 	// Ordering: before the boot timeout starts: waiting for or making a
 	// template has its own bounds (template_wait, the build's timeout).
 	s.chooseTemplate(ctx)
+	steps.Mark("template")
 	ctx, cancel := context.WithTimeout(ctx, s.o.BootTimeout)
 	defer cancel()
 
@@ -249,11 +252,46 @@ func (s *Sandbox) Start(ctx context.Context, firstImage, firstOwner string) (ret
 			s.teardown(false)
 		}
 	}()
+	cfg, netAtt, err := s.prepareVM(ctx, firstImage, firstOwner)
+	if err != nil {
+		return err
+	}
+	steps.Mark("prepare")
+	err = s.o.VMM.Start(ctx, cfg)
+	closeTaps(netAtt)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: start vmm: %w", s.o.ID, err)
+	}
+	steps.Mark("vmm")
+	go s.supervise()
+	agent, err := s.dialAgent(ctx)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w (console log: %s)", s.o.ID, err, cfg.ConsolePath)
+	}
+	steps.Mark("agent")
+	if err := s.readyGuest(ctx, agent, netAtt, steps); err != nil {
+		agent.Close()
+		return fmt.Errorf("sandbox %s: %w", s.o.ID, err)
+	}
+	s.mu.Lock()
+	s.agent = agent
+	if s.state == StateBooting {
+		s.state = StateRunning
+	}
+	s.mu.Unlock()
+	s.o.Log.WithFields(logrus.Fields{"sandbox": s.o.ID, "template": s.o.Template, "total_ms": MS(steps.Total()),
+		"steps_ms": steps.String()}).Info("sandbox started")
+	return nil
+}
+
+// prepareVM makes what the VMM starts with (stub disks, the share, the
+// network) and returns its configuration and the network attached.
+func (s *Sandbox) prepareVM(ctx context.Context, firstImage, firstOwner string) (VMConfig, *NetworkAttachment, error) {
 	var disks []Disk
 	for i := 0; i < s.o.DiskSlots; i++ {
 		sl := slot{serial: SlotSerial(i), stub: filepath.Join(s.o.Dir, fmt.Sprintf("slot-%d.img", i))}
 		if err := writeStub(sl.stub); err != nil {
-			return fmt.Errorf("sandbox %s: %w", s.o.ID, err)
+			return VMConfig{}, nil, fmt.Errorf("sandbox %s: %w", s.o.ID, err)
 		}
 		path := sl.stub
 		// A template was snapshotted with stub drives, and restores with
@@ -279,6 +317,32 @@ func (s *Sandbox) Start(ctx context.Context, firstImage, firstOwner string) (ret
 	if r := s.restore; r != nil {
 		cfg.DiskPaths = map[string]string{r.RootfsSerial: r.RootfsImage}
 	}
+	if err := s.prepareShareFor(&cfg); err != nil {
+		return cfg, nil, err
+	}
+	// Ordering: the network is attached before the VMM starts (it inherits
+	// the taps) and configured in the guest before Start returns, so before
+	// the first container exists.
+	netAtt, err := s.attachNetwork(ctx)
+	if err != nil {
+		return cfg, nil, err
+	}
+	if netAtt != nil {
+		cfg.Nets = netAtt.NICs
+	}
+	if r := s.restore; r != nil {
+		if err := restoreNICs(r, netAtt); err != nil {
+			closeTaps(netAtt)
+			return cfg, nil, fmt.Errorf("sandbox %s: %w", s.o.ID, err)
+		}
+		cfg.ReplaceNets = len(cfg.Nets) > 0
+	}
+	return cfg, netAtt, nil
+}
+
+// prepareShareFor makes the virtio-fs share's directory and, for a
+// restore, binds the snapshot's share entries; cfg gets the share.
+func (s *Sandbox) prepareShareFor(cfg *VMConfig) error {
 	// Ordering: the share's directory exists before the VMM opens it.
 	share, err := s.prepareShare()
 	if err != nil {
@@ -301,56 +365,32 @@ func (s *Sandbox) Start(ctx context.Context, firstImage, firstOwner string) (ret
 			return err
 		}
 	}
-	// Ordering: the network is attached before the VMM starts (it inherits
-	// the taps) and configured in the guest before Start returns, so before
-	// the first container exists.
-	netAtt, err := s.attachNetwork(ctx)
-	if err != nil {
-		return err
-	}
-	if netAtt != nil {
-		cfg.Nets = netAtt.NICs
-	}
-	if r := s.restore; r != nil {
-		if err := restoreNICs(r, netAtt); err != nil {
-			closeTaps(netAtt)
-			return fmt.Errorf("sandbox %s: %w", s.o.ID, err)
-		}
-		cfg.ReplaceNets = len(cfg.Nets) > 0
-	}
-	err = s.o.VMM.Start(ctx, cfg)
-	closeTaps(netAtt)
-	if err != nil {
-		return fmt.Errorf("sandbox %s: start vmm: %w", s.o.ID, err)
-	}
-	go s.supervise()
-	agent, err := s.dialAgent(ctx)
-	if err != nil {
-		return fmt.Errorf("sandbox %s: %w (console log: %s)", s.o.ID, err, cfg.ConsolePath)
-	}
+	return nil
+}
+
+// readyGuest does what the guest needs before its first container: after
+// a restore its filesystems thawed, after any snapshot restore its clock
+// and RNG freshened, and its network configured.
+func (s *Sandbox) readyGuest(ctx context.Context, agent AgentClient, netAtt *NetworkAttachment, steps *Steps) error {
 	if s.restore != nil {
 		// Ordering: thawed before anything else asks the guest to write.
 		if err := agent.ThawFilesystems(ctx); err != nil {
-			agent.Close()
-			return fmt.Errorf("sandbox %s: after restoring %s: thaw guest filesystems: %w", s.o.ID, s.o.Template, err)
+			return fmt.Errorf("after restoring %s: thaw guest filesystems: %w", s.o.Template, err)
 		}
+		steps.Mark("thaw")
 	}
 	if s.o.Template != "" {
 		if err := freshenRestoredGuest(ctx, agent); err != nil {
-			agent.Close()
-			return fmt.Errorf("sandbox %s: after restoring template %s: %w", s.o.ID, s.o.Template, err)
+			return fmt.Errorf("after restoring template %s: %w", s.o.Template, err)
 		}
+		steps.Mark("freshen")
 	}
 	if err := configureGuestNetwork(ctx, agent, netAtt); err != nil {
-		agent.Close()
-		return fmt.Errorf("sandbox %s: %w", s.o.ID, err)
+		return err
 	}
-	s.mu.Lock()
-	s.agent = agent
-	if s.state == StateBooting {
-		s.state = StateRunning
+	if netAtt != nil {
+		steps.Mark("network")
 	}
-	s.mu.Unlock()
 	return nil
 }
 
@@ -505,13 +545,17 @@ func (s *Sandbox) AttachRootfs(ctx context.Context, containerID, image string) (
 		s.mu.Unlock()
 	}
 	serial := s.slots[idx].serial
+	steps := NewSteps(time.Now())
 	if fresh {
 		if err := s.o.VMM.SetDisk(ctx, serial, image, false); err != nil {
 			release()
 			return "", fmt.Errorf("attach rootfs of %s: %w", containerID, err)
 		}
+		steps.Mark("disk-set")
 	}
 	mp, err := agent.MountDisk(ctx, MountDiskRequest{Serial: serial, FSType: "ext4"})
+	steps.Mark("mount")
+	s.o.Log.WithFields(logrus.Fields{"container": containerID, "serial": serial, "steps_ms": steps.String()}).Info("rootfs attached")
 	if err != nil {
 		if fresh {
 			_ = s.o.VMM.SetDisk(ctx, serial, s.slots[idx].stub, false)
@@ -638,17 +682,22 @@ func (s *Sandbox) Stop(ctx context.Context) error {
 	s.stopping = true
 	agent, st := s.agent, s.state
 	s.mu.Unlock()
+	steps := NewSteps(time.Now())
 	if agent != nil && st == StateRunning {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
 		// The reply may never come: the guest powers off underneath it.
 		_ = agent.SyncFilesystems(pctx)
 		cancel()
+		steps.Mark("sync")
 	}
 	if err := s.o.VMM.Stop(ctx); err != nil {
 		s.o.Log.WithError(err).Warn("stop vmm")
 	}
+	steps.Mark("vmm")
 	s.teardown(false)
 	<-s.done
+	steps.Mark("teardown")
+	s.o.Log.WithFields(logrus.Fields{"sandbox": s.o.ID, "total_ms": MS(steps.Total()), "steps_ms": steps.String()}).Info("sandbox stopped")
 	return nil
 }
 
