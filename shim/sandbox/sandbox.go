@@ -288,16 +288,26 @@ func (s *Sandbox) Start(ctx context.Context, firstImage, firstOwner string) (ret
 // network) and returns its configuration and the network attached.
 func (s *Sandbox) prepareVM(ctx context.Context, firstImage, firstOwner string) (VMConfig, *NetworkAttachment, error) {
 	var disks []Disk
+	// A template was snapshotted with stub drives in every slot: restored,
+	// each slot is backed by the sandbox's own stub as it is (no copy of
+	// the template's), and the first rootfs is put in slot 0 before the
+	// guest runs (docs/shim.md, "Templates").
+	template := s.o.Template != "" && s.restore == nil
+	uses, sets := map[string]string{}, map[string]string{}
 	for i := 0; i < s.o.DiskSlots; i++ {
 		sl := slot{serial: SlotSerial(i), stub: filepath.Join(s.o.Dir, fmt.Sprintf("slot-%d.img", i))}
 		if err := writeStub(sl.stub); err != nil {
 			return VMConfig{}, nil, fmt.Errorf("sandbox %s: %w", s.o.ID, err)
 		}
 		path := sl.stub
-		// A template was snapshotted with stub drives, and restores with
-		// them: the first rootfs is attached afterwards like any other.
-		if i == 0 && firstImage != "" && s.o.Template == "" {
+		if template {
+			uses[sl.serial] = sl.stub
+		}
+		if i == 0 && firstImage != "" && s.restore == nil {
 			path, sl.owner = firstImage, firstOwner
+			if template {
+				sets[sl.serial] = firstImage
+			}
 		}
 		if r := s.restore; r != nil && sl.serial == r.RootfsSerial {
 			path, sl.owner = r.RootfsImage, r.Owner
@@ -316,6 +326,9 @@ func (s *Sandbox) prepareVM(ctx context.Context, firstImage, firstOwner string) 
 	}
 	if r := s.restore; r != nil {
 		cfg.DiskPaths = map[string]string{r.RootfsSerial: r.RootfsImage}
+	}
+	if template {
+		cfg.DiskUses, cfg.DiskSets = uses, sets
 	}
 	if err := s.prepareShareFor(&cfg); err != nil {
 		return cfg, nil, err
@@ -396,17 +409,22 @@ func (s *Sandbox) readyGuest(ctx context.Context, agent AgentClient, netAtt *Net
 
 // freshenRestoredGuest fixes what a restore leaves stale: the guest clock
 // resumes at snapshot time, and every VM restored from one template would
-// share the template's RNG state.
+// share the template's RNG state. The two calls do not depend on each
+// other: they are issued together (one round trip to the guest, not two).
 func freshenRestoredGuest(ctx context.Context, agent AgentClient) error {
-	if err := agent.SetTime(ctx, time.Now()); err != nil {
-		return fmt.Errorf("set guest time: %w", err)
-	}
 	entropy := make([]byte, 64)
 	if _, err := rand.Read(entropy); err != nil {
 		return fmt.Errorf("host entropy: %w", err)
 	}
-	if err := agent.ReseedRandom(ctx, entropy); err != nil {
-		return fmt.Errorf("reseed guest rng: %w", err)
+	reseeded := make(chan error, 1)
+	go func() { reseeded <- agent.ReseedRandom(ctx, entropy) }()
+	timeErr := agent.SetTime(ctx, time.Now())
+	rngErr := <-reseeded
+	if timeErr != nil {
+		return fmt.Errorf("set guest time: %w", timeErr)
+	}
+	if rngErr != nil {
+		return fmt.Errorf("reseed guest rng: %w", rngErr)
 	}
 	return nil
 }
