@@ -33,7 +33,7 @@ import (
 //
 // and, for a sandbox started from a template snapshot (machine shape, kernel and disks come from it):
 //
-//	cube-vmm restore -control S -vsock U -console F -disk-dir D
+//	cube-vmm restore -log-level info -control S -vsock U -console F -disk-dir D
 //	  [-disk-use SLOT=STUB]... [-disk-set cube-slot-0=ROOTFS] TEMPLATE
 type ProcessVMM struct {
 	// Binary is the cube-vmm executable (path or name in PATH).
@@ -88,7 +88,9 @@ var _ VMM = (*ProcessVMM)(nil)
 func Args(cfg VMConfig) []string {
 	if cfg.Template != "" {
 		// The template's writable disks get working copies beside the sandbox's other state.
-		a := []string{"restore", "-control", cfg.ControlPath, "-vsock", cfg.VsockPath,
+		// -log-level info: its "restored and running" line times the
+		// restore's steps (steps_ms, machine_steps_ms) in the shim's log.
+		a := []string{"restore", "-log-level", "info", "-control", cfg.ControlPath, "-vsock", cfg.VsockPath,
 			"-console", cfg.ConsolePath, "-disk-dir", filepath.Dir(cfg.ControlPath)}
 		a = append(a, diskFlags("-disk-path", cfg.DiskPaths)...)
 		a = append(a, diskFlags("-disk-use", cfg.DiskUses)...)

@@ -12,7 +12,6 @@ package sandbox
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -393,7 +392,7 @@ func (s *Sandbox) readyGuest(ctx context.Context, agent AgentClient, netAtt *Net
 		steps.Mark("thaw")
 	}
 	if s.o.Template != "" {
-		if err := freshenRestoredGuest(ctx, agent); err != nil {
+		if err := s.freshenAndMount(ctx, agent); err != nil {
 			return fmt.Errorf("after restoring template %s: %w", s.o.Template, err)
 		}
 		steps.Mark("freshen")
@@ -403,28 +402,6 @@ func (s *Sandbox) readyGuest(ctx context.Context, agent AgentClient, netAtt *Net
 	}
 	if netAtt != nil {
 		steps.Mark("network")
-	}
-	return nil
-}
-
-// freshenRestoredGuest fixes what a restore leaves stale: the guest clock
-// resumes at snapshot time, and every VM restored from one template would
-// share the template's RNG state. The two calls do not depend on each
-// other: they are issued together (one round trip to the guest, not two).
-func freshenRestoredGuest(ctx context.Context, agent AgentClient) error {
-	entropy := make([]byte, 64)
-	if _, err := rand.Read(entropy); err != nil {
-		return fmt.Errorf("host entropy: %w", err)
-	}
-	reseeded := make(chan error, 1)
-	go func() { reseeded <- agent.ReseedRandom(ctx, entropy) }()
-	timeErr := agent.SetTime(ctx, time.Now())
-	rngErr := <-reseeded
-	if timeErr != nil {
-		return fmt.Errorf("set guest time: %w", timeErr)
-	}
-	if rngErr != nil {
-		return fmt.Errorf("reseed guest rng: %w", rngErr)
 	}
 	return nil
 }
@@ -445,13 +422,17 @@ func writeStub(path string) error {
 // and its vsock listener appears late.
 func (s *Sandbox) dialAgent(ctx context.Context) (AgentClient, error) {
 	var last error
-	for delay := 2 * time.Millisecond; ; delay = min(delay*2, 100*time.Millisecond) {
+	for n, delay := 1, 2*time.Millisecond; ; n, delay = n+1, min(delay*2, 100*time.Millisecond) {
 		a, err := s.o.Dial(ctx, s.o.VMM)
 		if err == nil {
 			if err = a.Health(ctx); err == nil {
+				s.o.Log.WithFields(logrus.Fields{"sandbox": s.o.ID, "attempts": n}).Debug("agent answered")
 				return a, nil
 			}
 			a.Close()
+		}
+		if n == 1 {
+			s.o.Log.WithError(err).WithField("sandbox", s.o.ID).Debug("agent not answering yet")
 		}
 		last = err
 		select {
@@ -541,6 +522,12 @@ func (s *Sandbox) AttachRootfs(ctx context.Context, containerID, image string) (
 		}
 	}
 	fresh := idx < 0
+	if !fresh && s.slots[idx].mountPoint != "" {
+		// Mounted when the VM started (freshenAndMount).
+		mp := s.slots[idx].mountPoint
+		s.mu.Unlock()
+		return mp, nil
+	}
 	if fresh {
 		for i := range s.slots {
 			if s.slots[i].owner == "" {

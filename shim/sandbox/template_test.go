@@ -72,6 +72,17 @@ func TestChooseTemplate(t *testing.T) {
 				len(vmm.Config.DiskSets) != 1) {
 				t.Errorf("restored %v: disk uses %v, disk sets %v", restored, vmm.Config.DiskUses, vmm.Config.DiskSets)
 			}
+			// A restored VM mounted the rootfs while its clock was stepped
+			// (freshenAndMount); AttachRootfs finds it mounted.
+			if got := agent.CallCount("MountDisk") == 1; got != restored {
+				t.Errorf("rootfs mounted during the start: %v, want %v", got, restored)
+			}
+			if mp, err := sb.AttachRootfs(context.Background(), "c1", "/img/c1.ext4"); err != nil || mp == "" {
+				t.Fatalf("attach rootfs: %q, %v", mp, err)
+			}
+			if n := agent.CallCount("MountDisk"); n != 1 {
+				t.Errorf("MountDisk called %d times, want once", n)
+			}
 			if n := vmm.SetDiskCount(); n != 0 {
 				t.Errorf("%d disk-set ops after the start", n)
 			}

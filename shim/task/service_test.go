@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -742,11 +743,18 @@ func TestTemplateRestore(t *testing.T) {
 		t.Fatalf("slot 0 after create = %q, %d disk-set ops", got, n)
 	}
 	// Clock and RNG were refreshed before the container was created.
-	// (SetTime and ReseedRandom are issued together: either order.)
-	calls := strings.Join(h.agent.CallLog(), ",")
-	if !strings.Contains(calls, "Health,SetTime,ReseedRandom,MountDisk,CreateContainer") &&
-		!strings.Contains(calls, "Health,ReseedRandom,SetTime,MountDisk,CreateContainer") {
-		t.Fatalf("agent calls %s", calls)
+	// SetTime, ReseedRandom and the rootfs's MountDisk are issued together
+	// (any order), after Health and before CreateContainer.
+	calls := h.agent.CallLog()
+	at := func(name string) int { return slices.Index(calls, name) }
+	create := at("CreateContainer")
+	if at("Health") != 0 || create < 0 || h.agent.CallCount("MountDisk") != 1 {
+		t.Fatalf("agent calls %v", calls)
+	}
+	for _, c := range []string{"SetTime", "ReseedRandom", "MountDisk"} {
+		if i := at(c); i < 1 || i > create {
+			t.Fatalf("agent calls %v: %s not between Health and CreateContainer", calls, c)
+		}
 	}
 	h.start("c1", "")
 	if got := readAll(t, f.stdout); got != "restored\n" {
