@@ -27,6 +27,10 @@ var stepEvents = []string{
 // stepLines are the log lines with steps_ms (and the VMM's machine_steps_ms).
 var stepLines = []string{"sandbox started", "restored and running", "rootfs attached", "container created", "container deleted", "sandbox stopped"}
 
+// countFields are log lines with a count worth a median: the agent dials a
+// start needed (shim/sandbox's dialAgent).
+var countFields = map[string]string{"agent answered": "attempts"}
+
 // runSteps collects the figures of runs.
 type runSteps struct {
 	events map[string][]time.Duration // offset from ctr's start
@@ -61,6 +65,15 @@ func (r *runSteps) add(log string, start time.Time, took time.Duration) {
 					seen[ev] = true
 					r.events[ev] = append(r.events[ev], t.Sub(start))
 				}
+			}
+		}
+		for msg, field := range countFields {
+			if !isMsg(l, msg) {
+				continue
+			}
+			if m := regexp.MustCompile(`\b` + field + `=([0-9]+)`).FindStringSubmatch(l); m != nil {
+				v, _ := strconv.ParseFloat(m[1], 64)
+				r.steps[msg+": "+field+" (count)"] = append(r.steps[msg+": "+field+" (count)"], v)
 			}
 		}
 		for _, sl := range stepLines {
