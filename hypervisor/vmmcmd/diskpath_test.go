@@ -42,7 +42,7 @@ func TestDiskPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := &restored{}
-	if err := r.copyDisks(snap, &cfg, t.TempDir(), paths); err != nil {
+	if err := r.copyDisks(snap, &cfg, t.TempDir(), paths, nil); err != nil {
 		t.Fatal(err)
 	}
 	want, _ := os.ReadFile(snap.Path(snap.Manifest.Shape.Disks[0].File))
@@ -53,7 +53,7 @@ func TestDiskPath(t *testing.T) {
 
 	cfg, _ = restoreConfig(snap, restoreFlags{})
 	other := diskPathFlags{"nosuch": filepath.Join(t.TempDir(), "x.img")}
-	err = (&restored{}).copyDisks(snap, &cfg, "", other)
+	err = (&restored{}).copyDisks(snap, &cfg, "", other, nil)
 	if !errors.As(err, new(usageError)) {
 		t.Errorf("-disk-path of a serial the snapshot lacks: %v, want a usage error", err)
 	}

@@ -28,8 +28,10 @@ const restoreUsage = `Usage: cube-vmm restore [flags] SNAPSHOT-DIR
 Starts a VM from a snapshot directory written by the control socket's
 snapshot op. Guest memory is mapped copy-on-write from the snapshot (the
 snapshot never changes); writable disks get working copies (reflinked when
-the filesystem can) at their recorded paths, or in -disk-dir. The guest's
-vsock connections are reset; its agent reconnects.
+the filesystem can) at their recorded paths, or in -disk-dir, or none with
+-disk-use (the caller's file, e.g. an empty drive slot's); -disk-set
+re-points a disk before the vCPUs run. The guest's vsock connections are
+reset; its agent reconnects.
 
 With -standby, cube-vmm starts without a snapshot: it creates its KVM VM,
 listens on -control and waits; the first {"op":"restore","dir":ABS-DIR}
@@ -52,6 +54,9 @@ type restoreFlags struct {
 	// diskPaths are working-copy paths by disk serial (-disk-path), over
 	// -disk-dir and the recorded paths.
 	diskPaths diskPathFlags
+	// diskUses are files used as they are, no working copy, by disk serial
+	// (-disk-use); diskSets re-point disks before the vCPUs run (-disk-set).
+	diskUses, diskSets diskPathFlags
 	// fsPaths re-point the snapshot's virtio-fs shares by tag (-fs-path).
 	fsPaths fsPathFlags
 }
@@ -199,6 +204,9 @@ func (r *restored) prepare(snap *snapshot.Snapshot, f restoreFlags, stdout io.Wr
 	if err := restoreNets(cfg.Net, f.nets); err != nil {
 		return cfg, nil, usageError{err}
 	}
+	if err := checkDiskFlags(cfg, func(i int) bool { return snap.Manifest.Shape.Disks[i].ReadOnly }, f); err != nil {
+		return cfg, nil, err
+	}
 	log.SetLevel(lvl)
 	// The console before the disk copies: the cheap refusals first.
 	console, closeConsole, err := openConsole(cfg.Console, stdout)
@@ -206,7 +214,7 @@ func (r *restored) prepare(snap *snapshot.Snapshot, f restoreFlags, stdout io.Wr
 		return cfg, nil, usageError{err}
 	}
 	r.closers = append(r.closers, closeConsole)
-	if err := r.copyDisks(snap, &cfg, f.diskDir, f.diskPaths); err != nil {
+	if err := r.copyDisks(snap, &cfg, f.diskDir, f.diskPaths, f.diskUses); err != nil {
 		return cfg, nil, err
 	}
 	return cfg, console, nil
@@ -262,8 +270,9 @@ func restoreConfig(snap *snapshot.Snapshot, f restoreFlags) (Config, error) {
 
 // copyDisks makes the working copies of the writable disks (the snapshot's
 // own copies are never written) at their recorded paths, or in diskDir, and
-// points cfg's disks at them; read-only disks must be where they were.
-func (r *restored) copyDisks(snap *snapshot.Snapshot, cfg *Config, diskDir string, paths diskPathFlags) error {
+// points cfg's disks at them; read-only disks must be where they were; a
+// disk in uses gets no copy: its file is the caller's (useDisk).
+func (r *restored) copyDisks(snap *snapshot.Snapshot, cfg *Config, diskDir string, paths, uses diskPathFlags) error {
 	used := 0
 	for i := range cfg.Disks {
 		if _, ok := paths[cfg.Disks[i].Serial]; ok && !snap.Manifest.Shape.Disks[i].ReadOnly {
@@ -278,6 +287,12 @@ func (r *restored) copyDisks(snap *snapshot.Snapshot, cfg *Config, diskDir strin
 		if md.ReadOnly {
 			if fi, err := os.Stat(d.Path); err != nil || fi.Size() != md.Size {
 				return fmt.Errorf("read-only disk %d (%s) missing or of another size than the snapshot's %d bytes (%v)", i, d.Path, md.Size, err)
+			}
+			continue
+		}
+		if p, ok := uses[d.Serial]; ok {
+			if err := useDisk(d, p, md.Size); err != nil {
+				return err
 			}
 			continue
 		}
@@ -309,6 +324,8 @@ func runRestore(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.logLevel, "log-level", "", "log level")
 	fs.StringVar(&f.diskDir, "disk-dir", "", "put working copies of writable disks in this `dir` (default: their recorded paths)")
 	fs.Var(&f.diskPaths, "disk-path", "put the working copy of the writable disk with serial S at `S=PATH` (repeatable; replaces a file there)")
+	fs.Var(&f.diskUses, "disk-use", "back the writable disk with serial S with the file `S=PATH` as it is, no working copy (repeatable; as large as the snapshot's disk, whose contents the guest must not depend on: an empty drive slot)")
+	fs.Var(&f.diskSets, "disk-set", "re-point the disk with serial S at `S=PATH` before the vCPUs run, as the disk-set op does (repeatable)")
 	fs.StringVar(&f.kvm, "kvm", "", "KVM device `path`")
 	fs.Var(&f.fsPaths, "fs-path", "share the host directory `TAG=DIR` as the snapshot's virtio-fs share TAG (repeatable; default: the recorded path)")
 	fs.Var(&f.nets, "net", "virtio-net device `tap=NAME|fd=N` in place of the snapshot's (repeatable, one per device in order; a mac= must be the snapshot's)")
@@ -353,12 +370,11 @@ func runRestore(args []string, stdout, stderr io.Writer) int {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
-	if err := r.m.StartRestored(*paused); err != nil {
+	if err := r.startRestored(*paused, f.diskSets); err != nil {
 		r.discard()
 		fmt.Fprintf(stderr, "cube-vmm restore: %v\n", err)
 		return ExitFailure
 	}
-	r.steps.Mark("start")
 	// The control socket appears once the VM runs (or is parked with -paused).
 	if r.cfg.ControlSocket != "" {
 		srv, err := control.Listen(r.cfg.ControlSocket, r.target())
@@ -441,7 +457,7 @@ func (s *standby) Restore(dir string, paused bool) (*control.RestoreResult, erro
 	}
 	r, err := restoreVM(dir, s.flags, prep, s.stdout, s.log) // its errors name the snapshot
 	if err == nil {
-		if err = r.m.StartRestored(paused); err != nil {
+		if err = r.startRestored(paused, s.flags.diskSets); err != nil {
 			r.discard()
 			err = fmt.Errorf("restore %s: %w", dir, err)
 		}

@@ -29,7 +29,10 @@ func BenchmarkCtrRunTrue(b *testing.B) {
 	d := startDaemons(b)
 	medians := map[string]time.Duration{}
 	lost := map[string]int{}
+	steps := map[string]*runSteps{}
 	run := func(b *testing.B, loss *benchloss.Counter, name string, args ...string) {
+		st := newRunSteps()
+		steps[name] = st
 		var times []time.Duration
 		n := 0
 		for b.Loop() {
@@ -46,6 +49,9 @@ func BenchmarkCtrRunTrue(b *testing.B) {
 					return d.CtrFailure(cargs, out, rc, err, from)
 				}
 				times = append(times, took)
+				if strings.HasPrefix(name, "cube") {
+					st.add(d.LogFrom(from), start, took)
+				}
 				return nil
 			}))
 		}
@@ -70,6 +76,11 @@ func BenchmarkCtrRunTrue(b *testing.B) {
 		run(b, benchloss.New(b), "runc", cubetest.RuncRuntime.Args...)
 	})
 	fmt.Print(runTable(medians, lost))
+	for _, n := range []string{"cube-template", "cube-cold"} {
+		if st := steps[n]; st != nil {
+			fmt.Print(st.table(n))
+		}
+	}
 }
 
 // runTable is BenchmarkCtrRunTrue's table.

@@ -33,7 +33,8 @@ import (
 //
 // and, for a sandbox started from a template snapshot (machine shape, kernel and disks come from it):
 //
-//	cube-vmm restore -control S -vsock U -console F -disk-dir D TEMPLATE
+//	cube-vmm restore -log-level info -control S -vsock U -console F -disk-dir D
+//	  [-disk-use SLOT=STUB]... [-disk-set cube-slot-0=ROOTFS] TEMPLATE
 type ProcessVMM struct {
 	// Binary is the cube-vmm executable (path or name in PATH).
 	Binary string
@@ -87,16 +88,13 @@ var _ VMM = (*ProcessVMM)(nil)
 func Args(cfg VMConfig) []string {
 	if cfg.Template != "" {
 		// The template's writable disks get working copies beside the sandbox's other state.
-		a := []string{"restore", "-control", cfg.ControlPath, "-vsock", cfg.VsockPath,
+		// -log-level info: its "restored and running" line times the
+		// restore's steps (steps_ms, machine_steps_ms) in the shim's log.
+		a := []string{"restore", "-log-level", "info", "-control", cfg.ControlPath, "-vsock", cfg.VsockPath,
 			"-console", cfg.ConsolePath, "-disk-dir", filepath.Dir(cfg.ControlPath)}
-		serials := make([]string, 0, len(cfg.DiskPaths))
-		for s := range cfg.DiskPaths {
-			serials = append(serials, s)
-		}
-		sort.Strings(serials)
-		for _, s := range serials {
-			a = append(a, "-disk-path", s+"="+cfg.DiskPaths[s])
-		}
+		a = append(a, diskFlags("-disk-path", cfg.DiskPaths)...)
+		a = append(a, diskFlags("-disk-use", cfg.DiskUses)...)
+		a = append(a, diskFlags("-disk-set", cfg.DiskSets)...)
 		// The snapshot's own MACs stay (cube-vmm refuses another): the
 		// agent gives the guest interfaces their new ones.
 		nets := make([]NIC, len(cfg.Nets))
@@ -136,6 +134,20 @@ func Args(cfg VMConfig) []string {
 		"-console", cfg.ConsolePath,
 		"-console-input", "none",
 	)
+	return a
+}
+
+// diskFlags is flag SERIAL=PATH for each entry of paths, by serial.
+func diskFlags(flag string, paths map[string]string) []string {
+	serials := make([]string, 0, len(paths))
+	for s := range paths {
+		serials = append(serials, s)
+	}
+	sort.Strings(serials)
+	var a []string
+	for _, s := range serials {
+		a = append(a, flag, s+"="+paths[s])
+	}
 	return a
 }
 

@@ -56,20 +56,30 @@ func TestArgs(t *testing.T) {
 	}
 	cfg.Template = "/tpl"
 	got = strings.Join(Args(cfg), " ")
-	want = "restore -control /d/c.sock -vsock /d/v.sock -console /d/console.log -disk-dir /d /tpl"
+	want = "restore -log-level info -control /d/c.sock -vsock /d/v.sock -console /d/console.log -disk-dir /d /tpl"
 	if got != want {
 		t.Fatalf("template args\n got %s\nwant %s", got, want)
 	}
 	cfg.DiskPaths = map[string]string{"cube-slot-1": "/b.img", "cube-slot-0": "/a.img"}
 	got = strings.Join(Args(cfg), " ")
-	want = "restore -control /d/c.sock -vsock /d/v.sock -console /d/console.log -disk-dir /d -disk-path cube-slot-0=/a.img -disk-path cube-slot-1=/b.img /tpl"
+	want = "restore -log-level info -control /d/c.sock -vsock /d/v.sock -console /d/console.log -disk-dir /d -disk-path cube-slot-0=/a.img -disk-path cube-slot-1=/b.img /tpl"
 	if got != want {
 		t.Fatalf("restore args\n got %s\nwant %s", got, want)
+	}
+	// A template restore: the stubs used as they are, the rootfs set before the guest runs.
+	tpl := cfg
+	tpl.DiskPaths = nil
+	tpl.DiskUses = map[string]string{"cube-slot-1": "/d/slot-1.img", "cube-slot-0": "/d/slot-0.img"}
+	tpl.DiskSets = map[string]string{"cube-slot-0": "/img/rootfs.ext4"}
+	got = strings.Join(Args(tpl), " ")
+	want = "restore -log-level info -control /d/c.sock -vsock /d/v.sock -console /d/console.log -disk-dir /d -disk-use cube-slot-0=/d/slot-0.img -disk-use cube-slot-1=/d/slot-1.img -disk-set cube-slot-0=/img/rootfs.ext4 /tpl"
+	if got != want {
+		t.Fatalf("template restore args\n got %s\nwant %s", got, want)
 	}
 	// A restore's NICs replace the snapshot's: fds only, the snapshot's MACs stay.
 	cfg.Nets, cfg.ReplaceNets = []NIC{{Tap: os.Stdin, MAC: "02:42:0a:58:00:05"}}, true
 	got = strings.Join(Args(cfg), " ")
-	want = "restore -control /d/c.sock -vsock /d/v.sock -console /d/console.log -disk-dir /d -disk-path cube-slot-0=/a.img -disk-path cube-slot-1=/b.img -net fd=3 /tpl"
+	want = "restore -log-level info -control /d/c.sock -vsock /d/v.sock -console /d/console.log -disk-dir /d -disk-path cube-slot-0=/a.img -disk-path cube-slot-1=/b.img -net fd=3 /tpl"
 	if got != want {
 		t.Fatalf("restore args with a NIC\n got %s\nwant %s", got, want)
 	}
@@ -227,6 +237,8 @@ func TestArgsParseWithTheRealVMM(t *testing.T) {
 	cfg.Template = "/tpl"
 	cfg.DiskPaths = map[string]string{"cube-slot-0": "/img/rootfs.ext4"}
 	cfg.Shares = shareCfg.Shares // -fs-path
+	cfg.DiskUses = map[string]string{"cube-slot-1": "/d/slot-1.img"}
+	cfg.DiskSets = map[string]string{"cube-slot-0": "/img/rootfs.ext4"}
 	args := Args(cfg)
 	stderr.Reset()
 	restoreArgs := append(append([]string{}, args[:len(args)-1]...), "-help")

@@ -12,7 +12,6 @@ package sandbox
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -224,188 +223,6 @@ func (s *Sandbox) Exit() (VMExit, bool) {
 	return s.exit, s.unexpect
 }
 
-// Start boots the VM with firstImage (the first container's rootfs) in slot 0
-// and waits for the agent. On error everything started is torn down.
-func (s *Sandbox) Start(ctx context.Context, firstImage, firstOwner string) (retErr error) {
-	s.mu.Lock()
-	if s.state != StateNew {
-		st := s.state
-		s.mu.Unlock()
-		return fmt.Errorf("sandbox %s: start in state %s", s.o.ID, st)
-	}
-	s.state = StateBooting
-	s.mu.Unlock()
-	// Ordering: before the boot timeout starts: waiting for or making a
-	// template has its own bounds (template_wait, the build's timeout).
-	s.chooseTemplate(ctx)
-	ctx, cancel := context.WithTimeout(ctx, s.o.BootTimeout)
-	defer cancel()
-
-	if err := os.MkdirAll(s.o.Dir, 0o700); err != nil {
-		return fmt.Errorf("sandbox %s: state dir: %w", s.o.ID, err)
-	}
-	defer func() {
-		if retErr != nil {
-			s.teardown(false)
-		}
-	}()
-	var disks []Disk
-	for i := 0; i < s.o.DiskSlots; i++ {
-		sl := slot{serial: SlotSerial(i), stub: filepath.Join(s.o.Dir, fmt.Sprintf("slot-%d.img", i))}
-		if err := writeStub(sl.stub); err != nil {
-			return fmt.Errorf("sandbox %s: %w", s.o.ID, err)
-		}
-		path := sl.stub
-		// A template was snapshotted with stub drives, and restores with
-		// them: the first rootfs is attached afterwards like any other.
-		if i == 0 && firstImage != "" && s.o.Template == "" {
-			path, sl.owner = firstImage, firstOwner
-		}
-		if r := s.restore; r != nil && sl.serial == r.RootfsSerial {
-			path, sl.owner = r.RootfsImage, r.Owner
-		}
-		s.slots = append(s.slots, sl)
-		disks = append(disks, Disk{Serial: sl.serial, Path: path})
-	}
-	cfg := VMConfig{
-		Kernel: s.o.Kernel, Initrd: s.o.Initrd, Cmdline: s.o.Cmdline,
-		MemoryMiB: s.o.MemoryMiB, VCPUs: s.o.VCPUs, Disks: disks,
-		VsockPath:   filepath.Join(s.o.Dir, "vsock.sock"),
-		ControlPath: filepath.Join(s.o.Dir, "control.sock"),
-		ConsolePath: filepath.Join(s.o.Dir, "console.log"),
-		GuestCID:    3,
-		Template:    s.o.Template,
-	}
-	if r := s.restore; r != nil {
-		cfg.DiskPaths = map[string]string{r.RootfsSerial: r.RootfsImage}
-	}
-	// Ordering: the share's directory exists before the VMM opens it.
-	share, err := s.prepareShare()
-	if err != nil {
-		return err
-	}
-	if share {
-		cfg.Shares = []Share{{Tag: ShareTag, Path: s.shareDir()}}
-	}
-	s.mu.Lock()
-	s.share = share
-	s.mu.Unlock()
-	if share && s.o.Template != "" {
-		// Ordering: the snapshot's share entries are bound before cube-vmm
-		// restores and re-opens the guest's FUSE session below them.
-		var binds []ShareRecord
-		if s.restore != nil {
-			binds = s.restore.Shares
-		}
-		if err := s.bindRestoredShares(s.o.Template, binds); err != nil {
-			return err
-		}
-	}
-	// Ordering: the network is attached before the VMM starts (it inherits
-	// the taps) and configured in the guest before Start returns, so before
-	// the first container exists.
-	netAtt, err := s.attachNetwork(ctx)
-	if err != nil {
-		return err
-	}
-	if netAtt != nil {
-		cfg.Nets = netAtt.NICs
-	}
-	if r := s.restore; r != nil {
-		if err := restoreNICs(r, netAtt); err != nil {
-			closeTaps(netAtt)
-			return fmt.Errorf("sandbox %s: %w", s.o.ID, err)
-		}
-		cfg.ReplaceNets = len(cfg.Nets) > 0
-	}
-	err = s.o.VMM.Start(ctx, cfg)
-	closeTaps(netAtt)
-	if err != nil {
-		return fmt.Errorf("sandbox %s: start vmm: %w", s.o.ID, err)
-	}
-	go s.supervise()
-	agent, err := s.dialAgent(ctx)
-	if err != nil {
-		return fmt.Errorf("sandbox %s: %w (console log: %s)", s.o.ID, err, cfg.ConsolePath)
-	}
-	if s.restore != nil {
-		// Ordering: thawed before anything else asks the guest to write.
-		if err := agent.ThawFilesystems(ctx); err != nil {
-			agent.Close()
-			return fmt.Errorf("sandbox %s: after restoring %s: thaw guest filesystems: %w", s.o.ID, s.o.Template, err)
-		}
-	}
-	if s.o.Template != "" {
-		if err := freshenRestoredGuest(ctx, agent); err != nil {
-			agent.Close()
-			return fmt.Errorf("sandbox %s: after restoring template %s: %w", s.o.ID, s.o.Template, err)
-		}
-	}
-	if err := configureGuestNetwork(ctx, agent, netAtt); err != nil {
-		agent.Close()
-		return fmt.Errorf("sandbox %s: %w", s.o.ID, err)
-	}
-	s.mu.Lock()
-	s.agent = agent
-	if s.state == StateBooting {
-		s.state = StateRunning
-	}
-	s.mu.Unlock()
-	return nil
-}
-
-// freshenRestoredGuest fixes what a restore leaves stale: the guest clock
-// resumes at snapshot time, and every VM restored from one template would
-// share the template's RNG state.
-func freshenRestoredGuest(ctx context.Context, agent AgentClient) error {
-	if err := agent.SetTime(ctx, time.Now()); err != nil {
-		return fmt.Errorf("set guest time: %w", err)
-	}
-	entropy := make([]byte, 64)
-	if _, err := rand.Read(entropy); err != nil {
-		return fmt.Errorf("host entropy: %w", err)
-	}
-	if err := agent.ReseedRandom(ctx, entropy); err != nil {
-		return fmt.Errorf("reseed guest rng: %w", err)
-	}
-	return nil
-}
-
-func writeStub(path string) error {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o600)
-	if err != nil {
-		return fmt.Errorf("stub disk: %w", err)
-	}
-	defer f.Close()
-	if err := f.Truncate(stubSize); err != nil {
-		return fmt.Errorf("stub disk %s: %w", path, err)
-	}
-	return nil
-}
-
-// dialAgent retries until the agent answers Health: the guest is booting
-// and its vsock listener appears late.
-func (s *Sandbox) dialAgent(ctx context.Context) (AgentClient, error) {
-	var last error
-	for delay := 2 * time.Millisecond; ; delay = min(delay*2, 100*time.Millisecond) {
-		a, err := s.o.Dial(ctx, s.o.VMM)
-		if err == nil {
-			if err = a.Health(ctx); err == nil {
-				return a, nil
-			}
-			a.Close()
-		}
-		last = err
-		select {
-		case <-s.o.VMM.Wait():
-			return nil, fmt.Errorf("vmm exited while waiting for the agent: %s", s.o.VMM.Exit().describe())
-		case <-ctx.Done():
-			return nil, fmt.Errorf("agent did not answer before the boot timeout: %w (last error: %v)", ctx.Err(), last)
-		case <-time.After(delay):
-		}
-	}
-}
-
 // supervise waits for the VMM to go away and cleans up; an exit not asked for
 // by Stop is recorded as unexpected.
 func (s *Sandbox) supervise() {
@@ -483,6 +300,12 @@ func (s *Sandbox) AttachRootfs(ctx context.Context, containerID, image string) (
 		}
 	}
 	fresh := idx < 0
+	if !fresh && s.slots[idx].mountPoint != "" {
+		// Mounted when the VM started (freshenAndMount).
+		mp := s.slots[idx].mountPoint
+		s.mu.Unlock()
+		return mp, nil
+	}
 	if fresh {
 		for i := range s.slots {
 			if s.slots[i].owner == "" {
@@ -505,13 +328,17 @@ func (s *Sandbox) AttachRootfs(ctx context.Context, containerID, image string) (
 		s.mu.Unlock()
 	}
 	serial := s.slots[idx].serial
+	steps := NewSteps(time.Now())
 	if fresh {
 		if err := s.o.VMM.SetDisk(ctx, serial, image, false); err != nil {
 			release()
 			return "", fmt.Errorf("attach rootfs of %s: %w", containerID, err)
 		}
+		steps.Mark("disk-set")
 	}
 	mp, err := agent.MountDisk(ctx, MountDiskRequest{Serial: serial, FSType: "ext4"})
+	steps.Mark("mount")
+	s.o.Log.WithFields(logrus.Fields{"container": containerID, "serial": serial, "steps_ms": steps.String()}).Info("rootfs attached")
 	if err != nil {
 		if fresh {
 			_ = s.o.VMM.SetDisk(ctx, serial, s.slots[idx].stub, false)
@@ -638,17 +465,22 @@ func (s *Sandbox) Stop(ctx context.Context) error {
 	s.stopping = true
 	agent, st := s.agent, s.state
 	s.mu.Unlock()
+	steps := NewSteps(time.Now())
 	if agent != nil && st == StateRunning {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
 		// The reply may never come: the guest powers off underneath it.
 		_ = agent.SyncFilesystems(pctx)
 		cancel()
+		steps.Mark("sync")
 	}
 	if err := s.o.VMM.Stop(ctx); err != nil {
 		s.o.Log.WithError(err).Warn("stop vmm")
 	}
+	steps.Mark("vmm")
 	s.teardown(false)
 	<-s.done
+	steps.Mark("teardown")
+	s.o.Log.WithFields(logrus.Fields{"sandbox": s.o.ID, "total_ms": MS(steps.Total()), "steps_ms": steps.String()}).Info("sandbox stopped")
 	return nil
 }
 

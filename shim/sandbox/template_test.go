@@ -12,8 +12,8 @@ import (
 )
 
 // TestChooseTemplate: Start restores from TemplateFor's template when one
-// can serve the sandbox (rootfs then attached with disk-set, the guest's
-// clock and RNG refreshed), and cold-boots without asking for one when the
+// can serve the sandbox (its stubs used as they are, the rootfs set in slot
+// 0 before the guest runs, the guest's clock and RNG refreshed), and cold-boots without asking for one when the
 // sandbox has a network or the config names a template, or when
 // TemplateFor fails.
 func TestChooseTemplate(t *testing.T) {
@@ -56,10 +56,35 @@ func TestChooseTemplate(t *testing.T) {
 			if got := agent.CallCount("ReseedRandom") == 1; got != restored {
 				t.Errorf("guest RNG reseeded: %v, want %v", got, restored)
 			}
-			// A restored VM has stubs in every slot (the rootfs comes by
-			// disk-set); a cold-booted one boots with the rootfs in slot 0.
-			if slot0 := vmm.Config.Disks[0].Path; (slot0 == "/img/c1.ext4") == restored {
-				t.Errorf("slot 0 boots with %s (restored %v)", slot0, restored)
+			// Both have the rootfs in slot 0 before the guest runs: a
+			// cold-booted VM boots with it; a restored one has the
+			// sandbox's stubs in every slot as they are (no copies of the
+			// template's) and slot 0 re-pointed at the rootfs while parked.
+			if slot0 := vmm.Config.Disks[0].Path; slot0 != "/img/c1.ext4" {
+				t.Errorf("slot 0 starts with %s (restored %v)", slot0, restored)
+			}
+			wantUses := 0
+			if restored {
+				wantUses = 2
+			}
+			if len(vmm.Config.DiskUses) != wantUses || restored && (filepath.Base(vmm.Config.DiskUses["cube-slot-1"]) != "slot-1.img" ||
+				filepath.Base(vmm.Config.DiskUses["cube-slot-0"]) != "slot-0.img" || vmm.Config.DiskSets["cube-slot-0"] != "/img/c1.ext4" ||
+				len(vmm.Config.DiskSets) != 1) {
+				t.Errorf("restored %v: disk uses %v, disk sets %v", restored, vmm.Config.DiskUses, vmm.Config.DiskSets)
+			}
+			// A restored VM mounted the rootfs while its clock was stepped
+			// (freshenAndMount); AttachRootfs finds it mounted.
+			if got := agent.CallCount("MountDisk") == 1; got != restored {
+				t.Errorf("rootfs mounted during the start: %v, want %v", got, restored)
+			}
+			if mp, err := sb.AttachRootfs(context.Background(), "c1", "/img/c1.ext4"); err != nil || mp == "" {
+				t.Fatalf("attach rootfs: %q, %v", mp, err)
+			}
+			if n := agent.CallCount("MountDisk"); n != 1 {
+				t.Errorf("MountDisk called %d times, want once", n)
+			}
+			if n := vmm.SetDiskCount(); n != 0 {
+				t.Errorf("%d disk-set ops after the start", n)
 			}
 		})
 	}

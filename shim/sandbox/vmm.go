@@ -39,6 +39,14 @@ type VMConfig struct {
 	// writable disk with a serial at a path (cube-vmm restore -disk-path);
 	// the other disks' copies go beside the sockets.
 	DiskPaths map[string]string
+	// DiskUses, for a Template restore, back the disk with a serial with a
+	// file as it is, no working copy (cube-vmm restore -disk-use): a
+	// template's empty drive slot gets the sandbox's own stub.
+	DiskUses map[string]string
+	// DiskSets, for a Template restore, re-point the disk with a serial at
+	// a file before the guest runs (cube-vmm restore -disk-set): the first
+	// container's rootfs, attached while the restored VM is still parked.
+	DiskSets map[string]string
 	// Nets are the VM's virtio-net devices, in order: the VMM inherits each
 	// tap fd (cube-vmm -net fd=N,mac=M, N = 3 + index).
 	Nets []NIC

@@ -17,6 +17,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/sirupsen/logrus"
 
 	"github.com/cube-runtime/cube/shim/config"
 	"github.com/cube-runtime/cube/shim/process"
@@ -140,6 +141,7 @@ func (s *Service) Create(ctx context.Context, req *taskAPI.CreateTaskRequest) (_
 	if req.Checkpoint != "" {
 		return s.createFromCheckpoint(ctx, req)
 	}
+	steps := sandbox.NewSteps(time.Now())
 	image, err := rootfsImage(req.Rootfs)
 	if err != nil {
 		return nil, err
@@ -175,6 +177,7 @@ func (s *Service) Create(ctx context.Context, req *taskAPI.CreateTaskRequest) (_
 	if err != nil {
 		return nil, err
 	}
+	steps.Mark("sandbox")
 	if booted {
 		defer func() {
 			if retErr != nil {
@@ -201,6 +204,7 @@ func (s *Service) Create(ctx context.Context, req *taskAPI.CreateTaskRequest) (_
 	if err != nil {
 		return nil, err
 	}
+	steps.Mark("rootfs")
 	defer func() {
 		if retErr != nil && !booted {
 			_ = sb.DetachRootfs(context.WithoutCancel(ctx), req.ID)
@@ -237,6 +241,7 @@ func (s *Service) Create(ctx context.Context, req *taskAPI.CreateTaskRequest) (_
 	if guestSpec, err = s.translateSpec(ctx, sb, req.ID, sandboxID, mountPoint, guestSpec, &use); err != nil {
 		return nil, err
 	}
+	steps.Mark("spec")
 	uris := stdioURIs{stdin: req.Stdin, stdout: req.Stdout, stderr: req.Stderr, terminal: req.Terminal || spec.Process.Terminal}
 	p, err := s.newProcess(ctx, sb, req.ID, "", uris, func(ctx context.Context, flags sandbox.StdioFlags) (uint32, error) {
 		return sb.Agent().CreateContainer(ctx, sandbox.CreateContainerRequest{
@@ -246,6 +251,7 @@ func (s *Service) Create(ctx context.Context, req *taskAPI.CreateTaskRequest) (_
 	if err != nil {
 		return nil, err
 	}
+	steps.Mark("process")
 	c := &container{id: req.ID, bundle: req.Bundle, rootfs: image, stdio: uris, init: p, execs: map[string]*execProc{},
 		guestRoot: mountPoint, volumes: use, podSandbox: spec.Annotations[ContainerTypeAnnotation] == "sandbox"}
 	s.mu.Lock()
@@ -258,6 +264,8 @@ func (s *Service) Create(ctx context.Context, req *taskAPI.CreateTaskRequest) (_
 		IO:  &eventstypes.TaskIO{Stdin: req.Stdin, Stdout: req.Stdout, Stderr: req.Stderr, Terminal: uris.terminal},
 		Pid: pid,
 	})
+	s.o.Log.WithFields(logrus.Fields{"container": req.ID, "booted": booted, "total_ms": sandbox.MS(steps.Total()),
+		"steps_ms": steps.String()}).Info("container created")
 	return &taskAPI.CreateTaskResponse{Pid: pid}, nil
 }
 
@@ -389,6 +397,7 @@ func (s *Service) processExited(p *process.Process) {
 	s.lifecycleMu.Lock()
 	defer s.lifecycleMu.Unlock()
 	e := p.ExitStatus()
+	s.o.Log.WithFields(logrus.Fields{"container": p.ContainerID(), "exec": p.ExecID(), "status": e.Status}).Info("process exited")
 	s.publish(context.Background(), runtime.TaskExitEventTopic, &eventstypes.TaskExit{
 		ContainerID: p.ContainerID(), ID: p.ID(), Pid: s.hostPid(),
 		ExitStatus: e.Status, ExitedAt: timestamp(e.At),

@@ -12,6 +12,7 @@ import (
 	"github.com/containerd/containerd/v2/core/runtime"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
+	"github.com/sirupsen/logrus"
 	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -50,10 +51,12 @@ func (s *Service) Start(ctx context.Context, req *taskAPI.StartRequest) (*taskAP
 	// has its exit event published after its start event.
 	s.lifecycleMu.Lock()
 	defer s.lifecycleMu.Unlock()
+	start := time.Now()
 	if err := p.Start(ctx); err != nil {
 		return nil, errOut(err)
 	}
 	pid := s.hostPid()
+	s.o.Log.WithFields(logrus.Fields{"container": req.ID, "exec": req.ExecID, "took_ms": sandbox.MS(time.Since(start))}).Info("process started")
 	if req.ExecID == "" {
 		s.publish(ctx, runtime.TaskStartEventTopic, &eventstypes.TaskStart{ContainerID: req.ID, Pid: pid})
 	} else {
@@ -70,10 +73,12 @@ func (s *Service) Delete(ctx context.Context, req *taskAPI.DeleteRequest) (*task
 	if err != nil {
 		return nil, errOut(err)
 	}
+	steps := sandbox.NewSteps(time.Now())
 	exit, err := p.Delete(ctx)
 	if err != nil {
 		return nil, errOut(err)
 	}
+	steps.Mark("process")
 	pid := s.hostPid()
 	resp := &taskAPI.DeleteResponse{Pid: pid, ExitStatus: exit.Status, ExitedAt: timestamp(exit.At)}
 	if req.ExecID != "" {
@@ -122,11 +127,15 @@ func (s *Service) Delete(ctx context.Context, req *taskAPI.DeleteRequest) (*task
 		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		_ = sb.Stop(stopCtx)
 		cancel()
+		steps.Mark("stop")
 	}
 	removeRecord(c.bundle)
 	s.publish(ctx, runtime.TaskDeleteEventTopic, &eventstypes.TaskDelete{
 		ContainerID: req.ID, ID: req.ID, Pid: pid, ExitStatus: exit.Status, ExitedAt: timestamp(exit.At),
 	})
+	steps.Mark("event")
+	s.o.Log.WithFields(logrus.Fields{"container": req.ID, "last": last, "total_ms": sandbox.MS(steps.Total()),
+		"steps_ms": steps.String()}).Info("container deleted")
 	return resp, nil
 }
 
@@ -411,6 +420,7 @@ func (s *Service) Shutdown(ctx context.Context, req *taskAPI.ShutdownRequest) (*
 		_ = sb.Stop(stopCtx)
 		cancel()
 	}
+	s.o.Log.Info("shutdown")
 	if s.o.Shutdown != nil {
 		s.o.Shutdown.Shutdown()
 	}

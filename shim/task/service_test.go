@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -730,17 +731,30 @@ func TestTemplateRestore(t *testing.T) {
 	if got := h.vmm.Config.Template; got != "/var/lib/cube/templates/base" {
 		t.Fatalf("vmm restore dir %q", got)
 	}
-	// Restored with stubs everywhere; the rootfs was attached after the restore.
-	if got := h.vmm.Config.Disks[0].Path; !strings.HasSuffix(got, "slot-0.img") {
-		t.Fatalf("slot 0 at restore = %q, want its stub", got)
+	// Restored on the sandbox's own stubs, the rootfs set in slot 0 before
+	// the guest ran: no disk-set op after the restore.
+	if got := h.vmm.Config.DiskUses["cube-slot-0"]; !strings.HasSuffix(got, "slot-0.img") {
+		t.Fatalf("slot 0 restored on %q, want its stub", got)
 	}
-	if got := h.vmm.Disks["cube-slot-0"]; got != "/images/c1.ext4" {
-		t.Fatalf("slot 0 after create = %q", got)
+	if got := h.vmm.Config.DiskSets["cube-slot-0"]; got != "/images/c1.ext4" {
+		t.Fatalf("slot 0 set to %q before the guest ran", got)
+	}
+	if got, n := h.vmm.Disks["cube-slot-0"], h.vmm.SetDiskCount(); got != "/images/c1.ext4" || n != 0 {
+		t.Fatalf("slot 0 after create = %q, %d disk-set ops", got, n)
 	}
 	// Clock and RNG were refreshed before the container was created.
-	calls := strings.Join(h.agent.CallLog(), ",")
-	if !strings.Contains(calls, "Health,SetTime,ReseedRandom,MountDisk,CreateContainer") {
-		t.Fatalf("agent calls %s", calls)
+	// SetTime, ReseedRandom and the rootfs's MountDisk are issued together
+	// (any order), after Health and before CreateContainer.
+	calls := h.agent.CallLog()
+	at := func(name string) int { return slices.Index(calls, name) }
+	create := at("CreateContainer")
+	if at("Health") != 0 || create < 0 || h.agent.CallCount("MountDisk") != 1 {
+		t.Fatalf("agent calls %v", calls)
+	}
+	for _, c := range []string{"SetTime", "ReseedRandom", "MountDisk"} {
+		if i := at(c); i < 1 || i > create {
+			t.Fatalf("agent calls %v: %s not between Health and CreateContainer", calls, c)
+		}
 	}
 	h.start("c1", "")
 	if got := readAll(t, f.stdout); got != "restored\n" {

@@ -27,6 +27,7 @@ type VMM struct {
 	// SetDiskErr, when set and non-nil for a serial and path, is SetDisk's
 	// answer (the drive unchanged).
 	SetDiskErr func(serial, path string) error
+	setDisks   int // SetDisk calls
 	started    bool
 	done       chan struct{}
 	exit       sandbox.VMExit
@@ -131,12 +132,20 @@ func (v *VMM) Resume(ctx context.Context) error {
 	return nil
 }
 
+// SetDiskCount is how many SetDisk calls the VMM had.
+func (v *VMM) SetDiskCount() int {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.setDisks
+}
+
 func (v *VMM) SetDisk(ctx context.Context, serial, path string, readOnly bool) error {
 	if err := v.alive(); err != nil {
 		return err
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	v.setDisks++
 	if _, ok := v.Disks[serial]; !ok {
 		return fmt.Errorf("fake vmm: no drive %q", serial)
 	}

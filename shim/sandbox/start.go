@@ -1,0 +1,233 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/sirupsen/logrus"
+)
+
+// Start boots the VM with firstImage (the first container's rootfs) in slot 0
+// and waits for the agent. On error everything started is torn down. Its
+// log line "sandbox started" times each step (steps_ms).
+func (s *Sandbox) Start(ctx context.Context, firstImage, firstOwner string) (retErr error) {
+	s.mu.Lock()
+	if s.state != StateNew {
+		st := s.state
+		s.mu.Unlock()
+		return fmt.Errorf("sandbox %s: start in state %s", s.o.ID, st)
+	}
+	s.state = StateBooting
+	s.mu.Unlock()
+	steps := NewSteps(time.Now())
+	// Ordering: before the boot timeout starts: waiting for or making a
+	// template has its own bounds (template_wait, the build's timeout).
+	s.chooseTemplate(ctx)
+	steps.Mark("template")
+	ctx, cancel := context.WithTimeout(ctx, s.o.BootTimeout)
+	defer cancel()
+
+	if err := os.MkdirAll(s.o.Dir, 0o700); err != nil {
+		return fmt.Errorf("sandbox %s: state dir: %w", s.o.ID, err)
+	}
+	defer func() {
+		if retErr != nil {
+			s.teardown(false)
+		}
+	}()
+	cfg, netAtt, err := s.prepareVM(ctx, firstImage, firstOwner)
+	if err != nil {
+		return err
+	}
+	steps.Mark("prepare")
+	err = s.o.VMM.Start(ctx, cfg)
+	closeTaps(netAtt)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: start vmm: %w", s.o.ID, err)
+	}
+	steps.Mark("vmm")
+	go s.supervise()
+	agent, err := s.dialAgent(ctx)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w (console log: %s)", s.o.ID, err, cfg.ConsolePath)
+	}
+	steps.Mark("agent")
+	if err := s.readyGuest(ctx, agent, netAtt, steps); err != nil {
+		agent.Close()
+		return fmt.Errorf("sandbox %s: %w", s.o.ID, err)
+	}
+	s.mu.Lock()
+	s.agent = agent
+	if s.state == StateBooting {
+		s.state = StateRunning
+	}
+	s.mu.Unlock()
+	s.o.Log.WithFields(logrus.Fields{"sandbox": s.o.ID, "template": s.o.Template, "total_ms": MS(steps.Total()),
+		"steps_ms": steps.String()}).Info("sandbox started")
+	return nil
+}
+
+// prepareVM makes what the VMM starts with (stub disks, the share, the
+// network) and returns its configuration and the network attached.
+func (s *Sandbox) prepareVM(ctx context.Context, firstImage, firstOwner string) (VMConfig, *NetworkAttachment, error) {
+	var disks []Disk
+	// A template was snapshotted with stub drives in every slot: restored,
+	// each slot is backed by the sandbox's own stub as it is (no copy of
+	// the template's), and the first rootfs is put in slot 0 before the
+	// guest runs (docs/shim.md, "Templates").
+	template := s.o.Template != "" && s.restore == nil
+	uses, sets := map[string]string{}, map[string]string{}
+	for i := 0; i < s.o.DiskSlots; i++ {
+		sl := slot{serial: SlotSerial(i), stub: filepath.Join(s.o.Dir, fmt.Sprintf("slot-%d.img", i))}
+		if err := writeStub(sl.stub); err != nil {
+			return VMConfig{}, nil, fmt.Errorf("sandbox %s: %w", s.o.ID, err)
+		}
+		path := sl.stub
+		if template {
+			uses[sl.serial] = sl.stub
+		}
+		if i == 0 && firstImage != "" && s.restore == nil {
+			path, sl.owner = firstImage, firstOwner
+			if template {
+				sets[sl.serial] = firstImage
+			}
+		}
+		if r := s.restore; r != nil && sl.serial == r.RootfsSerial {
+			path, sl.owner = r.RootfsImage, r.Owner
+		}
+		s.slots = append(s.slots, sl)
+		disks = append(disks, Disk{Serial: sl.serial, Path: path})
+	}
+	cfg := VMConfig{
+		Kernel: s.o.Kernel, Initrd: s.o.Initrd, Cmdline: s.o.Cmdline,
+		MemoryMiB: s.o.MemoryMiB, VCPUs: s.o.VCPUs, Disks: disks,
+		VsockPath:   filepath.Join(s.o.Dir, "vsock.sock"),
+		ControlPath: filepath.Join(s.o.Dir, "control.sock"),
+		ConsolePath: filepath.Join(s.o.Dir, "console.log"),
+		GuestCID:    3,
+		Template:    s.o.Template,
+	}
+	if r := s.restore; r != nil {
+		cfg.DiskPaths = map[string]string{r.RootfsSerial: r.RootfsImage}
+	}
+	if template {
+		cfg.DiskUses, cfg.DiskSets = uses, sets
+	}
+	if err := s.prepareShareFor(&cfg); err != nil {
+		return cfg, nil, err
+	}
+	// Ordering: the network is attached before the VMM starts (it inherits
+	// the taps) and configured in the guest before Start returns, so before
+	// the first container exists.
+	netAtt, err := s.attachNetwork(ctx)
+	if err != nil {
+		return cfg, nil, err
+	}
+	if netAtt != nil {
+		cfg.Nets = netAtt.NICs
+	}
+	if r := s.restore; r != nil {
+		if err := restoreNICs(r, netAtt); err != nil {
+			closeTaps(netAtt)
+			return cfg, nil, fmt.Errorf("sandbox %s: %w", s.o.ID, err)
+		}
+		cfg.ReplaceNets = len(cfg.Nets) > 0
+	}
+	return cfg, netAtt, nil
+}
+
+// prepareShareFor makes the virtio-fs share's directory and, for a
+// restore, binds the snapshot's share entries; cfg gets the share.
+func (s *Sandbox) prepareShareFor(cfg *VMConfig) error {
+	// Ordering: the share's directory exists before the VMM opens it.
+	share, err := s.prepareShare()
+	if err != nil {
+		return err
+	}
+	if share {
+		cfg.Shares = []Share{{Tag: ShareTag, Path: s.shareDir()}}
+	}
+	s.mu.Lock()
+	s.share = share
+	s.mu.Unlock()
+	if share && s.o.Template != "" {
+		// Ordering: the snapshot's share entries are bound before cube-vmm
+		// restores and re-opens the guest's FUSE session below them.
+		var binds []ShareRecord
+		if s.restore != nil {
+			binds = s.restore.Shares
+		}
+		if err := s.bindRestoredShares(s.o.Template, binds); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// readyGuest does what the guest needs before its first container: after
+// a restore its filesystems thawed, after any snapshot restore its clock
+// and RNG freshened, and its network configured.
+func (s *Sandbox) readyGuest(ctx context.Context, agent AgentClient, netAtt *NetworkAttachment, steps *Steps) error {
+	if s.restore != nil {
+		// Ordering: thawed before anything else asks the guest to write.
+		if err := agent.ThawFilesystems(ctx); err != nil {
+			return fmt.Errorf("after restoring %s: thaw guest filesystems: %w", s.o.Template, err)
+		}
+		steps.Mark("thaw")
+	}
+	if s.o.Template != "" {
+		if err := s.freshenAndMount(ctx, agent); err != nil {
+			return fmt.Errorf("after restoring template %s: %w", s.o.Template, err)
+		}
+		steps.Mark("freshen")
+	}
+	if err := configureGuestNetwork(ctx, agent, netAtt); err != nil {
+		return err
+	}
+	if netAtt != nil {
+		steps.Mark("network")
+	}
+	return nil
+}
+
+func writeStub(path string) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("stub disk: %w", err)
+	}
+	defer f.Close()
+	if err := f.Truncate(stubSize); err != nil {
+		return fmt.Errorf("stub disk %s: %w", path, err)
+	}
+	return nil
+}
+
+// dialAgent retries until the agent answers Health: the guest is booting
+// and its vsock listener appears late.
+func (s *Sandbox) dialAgent(ctx context.Context) (AgentClient, error) {
+	var last error
+	for n, delay := 1, 2*time.Millisecond; ; n, delay = n+1, min(delay*2, 100*time.Millisecond) {
+		a, err := s.o.Dial(ctx, s.o.VMM)
+		if err == nil {
+			if err = a.Health(ctx); err == nil {
+				s.o.Log.WithFields(logrus.Fields{"sandbox": s.o.ID, "attempts": n}).Debug("agent answered")
+				return a, nil
+			}
+			a.Close()
+		}
+		if n == 1 {
+			s.o.Log.WithError(err).WithField("sandbox", s.o.ID).Debug("agent not answering yet")
+		}
+		last = err
+		select {
+		case <-s.o.VMM.Wait():
+			return nil, fmt.Errorf("vmm exited while waiting for the agent: %s", s.o.VMM.Exit().describe())
+		case <-ctx.Done():
+			return nil, fmt.Errorf("agent did not answer before the boot timeout: %w (last error: %v)", ctx.Err(), last)
+		case <-time.After(delay):
+		}
+	}
+}
