@@ -75,10 +75,11 @@ type Options struct {
 	// shim config's `template`); else TemplateFor may name one at Start.
 	Template string
 	// TemplateFor, when set, returns the automatic template of this
-	// sandbox's shape (shim/template: made on first use). Start calls it
-	// for a sandbox a template can serve (no Template, not a restore, no
-	// Network); an error is logged and the VM cold-boots.
-	TemplateFor func(ctx context.Context) (string, error)
+	// sandbox's shape with nics NICs (shim/template: made on first use).
+	// Start calls it for a sandbox a template can serve (no Template, not a
+	// restore, no Network or one that is a NICCounter); an error is logged
+	// and the VM cold-boots.
+	TemplateFor func(ctx context.Context, nics int) (TemplateVM, error)
 	// BootTimeout bounds Start until the agent answers Health.
 	BootTimeout time.Duration
 	VMM         VMM
@@ -119,6 +120,9 @@ type Sandbox struct {
 	share     bool         // the VM has the virtio-fs share (share.go)
 	shareSeq  int          // names of share entries: v1, v2, …
 	shared    []SharedDir  // host directories in the share now
+
+	// templateNICs are the NIC MACs of the automatic template chooseTemplate picked.
+	templateNICs []string
 }
 
 // RestoreFrom is a checkpoint StartRestore brings back instead of booting:
@@ -311,12 +315,9 @@ func (s *Sandbox) Start(ctx context.Context, firstImage, firstOwner string) (ret
 	if netAtt != nil {
 		cfg.Nets = netAtt.NICs
 	}
-	if r := s.restore; r != nil {
-		if err := restoreNICs(r, netAtt); err != nil {
-			closeTaps(netAtt)
-			return fmt.Errorf("sandbox %s: %w", s.o.ID, err)
-		}
-		cfg.ReplaceNets = len(cfg.Nets) > 0
+	if cfg.ReplaceNets, err = s.snapshotNICs(netAtt); err != nil {
+		closeTaps(netAtt)
+		return fmt.Errorf("sandbox %s: %w", s.o.ID, err)
 	}
 	err = s.o.VMM.Start(ctx, cfg)
 	closeTaps(netAtt)
