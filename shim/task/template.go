@@ -11,7 +11,6 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/cube-runtime/cube/hypervisor/snapshot"
-
 	"github.com/cube-runtime/cube/shim/config"
 	"github.com/cube-runtime/cube/shim/sandbox"
 	"github.com/cube-runtime/cube/shim/template"
