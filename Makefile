@@ -156,6 +156,7 @@ fuzz-hypervisor:
 	$(GO) test -run '^$$' -fuzz '^FuzzRunDecode$$' -fuzztime $(FUZZTIME) ./hypervisor/kvm
 	$(GO) test -run '^$$' -fuzz '^FuzzRegisterAccess$$' -fuzztime $(FUZZTIME) ./hypervisor/devices/serial
 	$(GO) test -run '^$$' -fuzz '^FuzzRestore$$' -fuzztime $(FUZZTIME) ./hypervisor/machine
+	$(GO) test -run '^$$' -fuzz '^FuzzParseNet$$' -fuzztime $(FUZZTIME) ./hypervisor/vmmcmd
 # <<< hypervisor
 
 # >>> net benchmark (issue 16)

@@ -90,9 +90,13 @@ func (r *runner) templatesLs(dir string) int {
 		if t.Meta.Key != "" {
 			s := t.Meta.Shape
 			created = t.Meta.Created.Local().Format(time.DateTime)
-			what = fmt.Sprintf("%d MiB, %d vCPU, %d slots, kernel %s, initrd %s (%s), vmm %s",
-				s.MemoryMiB, s.VCPUs, s.DiskSlots, filepath.Base(s.Kernel), filepath.Base(s.Initrd),
+			what = fmt.Sprintf("%d MiB, %d vCPU, %d slots, %d NICs, kernel %s, initrd %s (%s), vmm %s",
+				s.MemoryMiB, s.VCPUs, s.DiskSlots, s.NICs, filepath.Base(s.Kernel), filepath.Base(s.Initrd),
 				short(t.Meta.Digests["initrd"]), filepath.Base(s.VMM))
+			if t.Meta.Version != template.Version {
+				// Its key was computed another way: no shim finds it.
+				what += fmt.Sprintf("; layout %s, not used by this shim (%s): remove it", t.Meta.Version, template.Version)
+			}
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", t.Key, bytesHuman(t.Bytes), created, what)
 	}

@@ -35,11 +35,19 @@ func TestTemplates(t *testing.T) {
 	}
 	key, _, _ := c.Key(shape)
 	os.WriteFile(filepath.Join(root, "0123456789abcdef.failed"), []byte("2026-12-05T19:00:00Z: boot the template VM: no agent\n"), 0o600)
+	// A template of an earlier layout (its key computed without NICs): listed, not used, removable.
+	old := filepath.Join(root, "00112233445566778899aabbccddeeff")
+	os.MkdirAll(filepath.Join(old, "vm"), 0o700)
+	os.WriteFile(filepath.Join(old, "template.json"), []byte(`{"key":"00112233445566778899aabbccddeeff","version":"cube-template-1","created":"2026-12-01T00:00:00Z","shape":{"MemoryMiB":256,"VCPUs":1,"DiskSlots":8}}`), 0o600)
 
 	code, out, errOut := run(t, Env{}, "templates", "ls", "--dir", root)
-	if code != ExitOK || errOut != "" || !strings.Contains(out, key) || !strings.Contains(out, "256 MiB, 2 vCPU, 8 slots, kernel vmlinuz, initrd initrd.img (sha256:") ||
-		!strings.Contains(out, "0123456789abcdef") || !strings.Contains(out, "build failed: 2026-12-05T19:00:00Z: boot the template VM: no agent") {
+	if code != ExitOK || errOut != "" || !strings.Contains(out, key) || !strings.Contains(out, "256 MiB, 2 vCPU, 8 slots, 0 NICs, kernel vmlinuz, initrd initrd.img (sha256:") ||
+		!strings.Contains(out, "0123456789abcdef") || !strings.Contains(out, "build failed: 2026-12-05T19:00:00Z: boot the template VM: no agent") ||
+		!strings.Contains(out, "layout cube-template-1, not used by this shim") {
 		t.Fatalf("ls: exit %d\n%s%s", code, out, errOut)
+	}
+	if code, _, errOut := run(t, Env{}, "templates", "rm", "--dir", root, filepath.Base(old)); code != ExitOK {
+		t.Fatalf("rm of an old-layout template: exit %d %s", code, errOut)
 	}
 
 	lock, err := os.OpenFile(filepath.Join(root, key+".lock"), os.O_RDWR|os.O_CREATE, 0o600)

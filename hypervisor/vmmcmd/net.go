@@ -12,21 +12,33 @@ import (
 
 // Net is one virtio-net device ([[net]] in the config file): a TAP backend,
 // an existing tap cube-vmm attaches to by name or a tap fd the caller
-// passed, and the guest's MAC address.
+// passed, or none (a device with nothing behind it: an automatic template's
+// NIC, which a restore gives a tap), and the guest's MAC address.
 type Net struct {
 	Tap string `toml:"tap" json:"Tap,omitempty"` // interface name of an existing tap
 	FD  int    `toml:"fd" json:"FD,omitempty"`   // or an attached tap fd inherited from the caller (>= 3)
-	MAC string `toml:"mac" json:"MAC"`           // XX:XX:XX:XX:XX:XX; empty: a random locally administered one
+	// None: no backend (vnet.Null): frames the guest sends are dropped,
+	// none arrive. Omitted when false: a configuration without it records
+	// what it did before (docs/snapshot.md, "Format versions").
+	None bool   `toml:"none" json:"None,omitempty"`
+	MAC  string `toml:"mac" json:"MAC"` // XX:XX:XX:XX:XX:XX; empty: a random locally administered one
 }
 
-const netUsage = "want tap=NAME|fd=N[,mac=XX:XX:XX:XX:XX:XX]"
+const netUsage = "want tap=NAME|fd=N|none[,mac=XX:XX:XX:XX:XX:XX]"
 
-// parseNet reads the -net flag form tap=NAME|fd=N[,mac=MAC]. Only the
+// parseNet reads the -net flag form tap=NAME|fd=N|none[,mac=MAC]. Only the
 // syntax is checked here; checkNets checks the tap itself.
 func parseNet(s string) (Net, error) {
 	var n Net
 	seen := map[string]bool{}
 	for _, p := range strings.Split(s, ",") {
+		if p == "none" {
+			if seen[p] {
+				return n, fmt.Errorf("-net %q: none given twice", s)
+			}
+			seen[p], n.None = true, true
+			continue
+		}
 		k, v, ok := strings.Cut(p, "=")
 		if !ok || v == "" {
 			return n, fmt.Errorf("-net %q: %q is not KEY=VALUE (%s)", s, p, netUsage)
@@ -62,8 +74,11 @@ func parseNet(s string) (Net, error) {
 // checkSyntax checks what a config file may get wrong too.
 func (n *Net) checkSyntax() error {
 	switch {
+	case n.None && (n.Tap != "" || n.FD != 0):
+		return errors.New("none and tap= or fd= both given: one backend per device")
+	case n.None:
 	case n.Tap == "" && n.FD == 0:
-		return fmt.Errorf("missing tap= (or fd=): %s", netUsage)
+		return fmt.Errorf("missing tap= (or fd=, or none): %s", netUsage)
 	case n.Tap != "" && n.FD != 0:
 		return errors.New("tap= and fd= both given: one backend per device")
 	case n.FD != 0 && n.FD < 3:
@@ -105,9 +120,11 @@ func checkNets(nets []Net) error {
 			return fmt.Errorf("net %d: %v", i, err)
 		}
 		var err error
-		if n.Tap != "" {
+		switch {
+		case n.None:
+		case n.Tap != "":
 			err = vnet.CheckTap(n.Tap)
-		} else {
+		default:
 			err = vnet.CheckTapFD(n.FD)
 		}
 		if err != nil {
@@ -128,18 +145,21 @@ func attachNets(m *machine.Machine, nets []Net, closers *[]func() error) error {
 		if err != nil {
 			return fmt.Errorf("net %d: %v", i, err)
 		}
-		var tap *vnet.Tap
-		if n.Tap != "" {
-			tap, err = vnet.OpenTap(n.Tap)
-		} else {
-			tap, err = vnet.TapFromFD(n.FD)
+		var be vnet.Backend
+		switch {
+		case n.None:
+			be = vnet.NewNull()
+		case n.Tap != "":
+			be, err = vnet.OpenTap(n.Tap)
+		default:
+			be, err = vnet.TapFromFD(n.FD)
 		}
 		if err != nil {
 			return fmt.Errorf("net %d: %w", i, err)
 		}
-		dev, err := vnet.New(vnet.Options{MAC: mac, Backend: tap})
+		dev, err := vnet.New(vnet.Options{MAC: mac, Backend: be})
 		if err != nil {
-			tap.Close()
+			be.Close()
 			return fmt.Errorf("net %d: %w", i, err)
 		}
 		*closers = append(*closers, dev.Close)
@@ -150,9 +170,11 @@ func attachNets(m *machine.Machine, nets []Net, closers *[]func() error) error {
 	return nil
 }
 
-// restoreNets applies restore's -net overrides (a new tap or fd for each
-// device, in order; a mac must be the snapshot's: the guest has it cached)
-// and refuses a device that used an fd of the snapshotted process without one.
+// restoreNets applies restore's -net overrides (a new tap, fd or none for
+// each device, in order; a mac must be the snapshot's: the guest has it
+// cached) and refuses a device that used an fd of the snapshotted process
+// without one. A device without a backend (none: an automatic template's)
+// restores as one unless overridden.
 func restoreNets(nets []Net, overrides []Net) error {
 	if len(overrides) > 0 && len(overrides) != len(nets) {
 		return fmt.Errorf("-net given %d times, the snapshot has %d net devices", len(overrides), len(nets))
@@ -161,7 +183,7 @@ func restoreNets(nets []Net, overrides []Net) error {
 		if o.MAC != "" && !strings.EqualFold(o.MAC, nets[i].MAC) {
 			return fmt.Errorf("net %d: mac %s, the snapshot's guest has %s (a restore cannot change it)", i, o.MAC, nets[i].MAC)
 		}
-		nets[i].Tap, nets[i].FD = o.Tap, o.FD
+		nets[i].Tap, nets[i].FD, nets[i].None = o.Tap, o.FD, o.None
 	}
 	for i, n := range nets {
 		if len(overrides) == 0 && n.FD != 0 {

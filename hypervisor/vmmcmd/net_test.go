@@ -34,6 +34,10 @@ func TestNetFlagErrors(t *testing.T) {
 		{"tap=t0,fd=5", "tap= and fd= both"},
 		{"tap=t0,speed=10", `unknown key "speed"`},
 		{"tap=t0,tap=t1", "tap given twice"},
+		{"none,tap=t0", "none and tap= or fd= both"},
+		{"fd=5,none", "none and tap= or fd= both"},
+		{"none,none", "none given twice"},
+		{"nothing", "not KEY=VALUE"},
 		{"tap", "not KEY=VALUE"},
 		{"fd=1", "fd"},
 		{"fd=abc", "fd"},
@@ -71,6 +75,112 @@ func TestNetFlagErrors(t *testing.T) {
 	}
 	if err := restoreNets(nets, []Net{{Tap: "y"}, {Tap: "z"}}); err == nil || !strings.Contains(err.Error(), "2 times") {
 		t.Errorf("restore with too many -net: %v", err)
+	}
+	// -net none parses, and a device without a backend restores as one, or
+	// with the backend an override gives it (none cleared).
+	if n, err := parseNet("none,mac=02:00:00:00:00:01"); err != nil || n != (Net{None: true, MAC: "02:00:00:00:00:01"}) {
+		t.Errorf("-net none,mac=…: %+v %v", n, err)
+	}
+	none := []Net{{None: true, MAC: "52:54:00:12:34:56"}}
+	if err := restoreNets(none, nil); err != nil || !none[0].None {
+		t.Errorf("restore of a none device without -net: %+v %v", none, err)
+	}
+	if err := restoreNets(none, []Net{{FD: int(devnull.Fd())}}); err == nil || none[0].None {
+		t.Errorf("restore of a none device onto a non-tap fd: %+v %v", none, err)
+	}
+	if b, _ := json.Marshal(Net{Tap: "t", MAC: "52:54:00:12:34:56"}); string(b) != `{"Tap":"t","MAC":"52:54:00:12:34:56"}` {
+		t.Errorf("a tap device's recorded config changed: %s", b)
+	}
+}
+
+// FuzzParseNet: any -net value either parses into a device that passes
+// its own syntax check with exactly one backend, or is refused; never a
+// panic.
+func FuzzParseNet(f *testing.F) {
+	for _, s := range []string{"tap=t0", "fd=3,mac=52:54:00:12:34:56", "none", "none,mac=02:00:00:00:00:01", "none,fd=4", "mac=", ",,", "none,none"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		n, err := parseNet(s)
+		if err != nil {
+			return
+		}
+		if err := n.checkSyntax(); err != nil {
+			t.Fatalf("%q parsed to %+v, which its check refuses: %v", s, n, err)
+		}
+		backends := boolCount(n.None) + boolCount(n.Tap != "") + boolCount(n.FD != 0)
+		if backends != 1 {
+			t.Fatalf("%q parsed to %+v: %d backends", s, n, backends)
+		}
+	})
+}
+
+func boolCount(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// TestNetNoneSnapshotRestore is an automatic template's NIC at the VMM: a
+// synthetic guest booted with -net none (no tap, no fd) records the device
+// in its snapshot as none with its MAC; a restore without -net keeps it
+// backend-less, and a restore with -net tap= gives it a real tap (the MAC
+// stays the snapshot's) and runs.
+func TestNetNoneSnapshotRestore(t *testing.T) {
+	needKVM(t)
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "ctl")
+	const mac = "02:cb:00:00:00:01"
+	v := startVMM(t, sock, "-kernel", kernel(t, counterCode), "-memory", "64", "-console", "none",
+		"-control", sock, "-rng=false", "-net", "none,mac="+mac)
+	time.Sleep(50 * time.Millisecond)
+	if err := v.ctl.Pause(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	s1 := filepath.Join(dir, "s1")
+	if _, err := v.ctl.Snapshot(t.Context(), s1, false); err != nil {
+		t.Fatal(err)
+	}
+	v.stop(t)
+	snap, err := snapshot.Open(s1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg Config
+	if err := json.Unmarshal(snap.Manifest.Config, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Net) != 1 || cfg.Net[0] != (Net{None: true, MAC: mac}) {
+		t.Fatalf("recorded nets %+v", cfg.Net)
+	}
+	r := startVMM(t, sock, "restore", "-paused", s1)
+	if c := runUntilAdvanced(t, r.ctl, filepath.Join(dir, "s2"), snapCounter(t, s1)); c <= snapCounter(t, s1) {
+		t.Fatalf("restored (none) counter did not advance: %d", c)
+	}
+	r.stop(t)
+
+	taptest.Need(t)
+	tap := taptest.Make(t, "cubev", 0)
+	r = startVMM(t, sock, "restore", "-paused", "-net", "tap="+tap, s1)
+	if c := runUntilAdvanced(t, r.ctl, filepath.Join(dir, "s3"), snapCounter(t, s1)); c <= snapCounter(t, s1) {
+		t.Fatalf("restored (tap) counter did not advance: %d", c)
+	}
+	s4 := filepath.Join(dir, "s4")
+	if _, err := r.ctl.Snapshot(t.Context(), s4, false); err != nil {
+		t.Fatal(err)
+	}
+	r.stop(t)
+	snap, err = snapshot.Open(s4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg = Config{}
+	if err := json.Unmarshal(snap.Manifest.Config, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Net) != 1 || cfg.Net[0] != (Net{Tap: tap, MAC: mac}) {
+		t.Errorf("nets after the restore onto a tap %+v", cfg.Net)
 	}
 }
 

@@ -328,7 +328,7 @@ func runRestore(args []string, stdout, stderr io.Writer) int {
 	fs.Var(&f.diskSets, "disk-set", "re-point the disk with serial S at `S=PATH` before the vCPUs run, as the disk-set op does (repeatable)")
 	fs.StringVar(&f.kvm, "kvm", "", "KVM device `path`")
 	fs.Var(&f.fsPaths, "fs-path", "share the host directory `TAG=DIR` as the snapshot's virtio-fs share TAG (repeatable; default: the recorded path)")
-	fs.Var(&f.nets, "net", "virtio-net device `tap=NAME|fd=N` in place of the snapshot's (repeatable, one per device in order; a mac= must be the snapshot's)")
+	fs.Var(&f.nets, "net", "virtio-net device `tap=NAME|fd=N|none` in place of the snapshot's (repeatable, one per device in order; a mac= must be the snapshot's); without it a device the snapshot had with none stays without a backend")
 	paused := fs.Bool("paused", false, "start with the vCPUs paused (resume through the control socket)")
 	standby := fs.Bool("standby", false, "start without a snapshot and restore the one a restore op on -control names (see above)")
 	if err := fs.Parse(args); err != nil {

@@ -389,7 +389,7 @@ func parse(args []string, stderr io.Writer) (Config, error) {
 	var shares shareFlags
 	fs.Var(&shares, "fs", "virtio-fs shared directory `tag=TAG,path=DIR[,ro]` (repeatable; the guest mounts it with mount -t virtiofs TAG MOUNTPOINT)")
 	var nets netFlags
-	fs.Var(&nets, "net", "virtio-net device `tap=NAME|fd=N[,mac=XX:XX:XX:XX:XX:XX]` on an existing tap (by name, or an attached tap fd the caller passed); no mac: a random locally administered one (repeatable: eth0, eth1, … in order)")
+	fs.Var(&nets, "net", "virtio-net device `tap=NAME|fd=N|none[,mac=XX:XX:XX:XX:XX:XX]` on an existing tap (by name, or an attached tap fd the caller passed), or none: no backend (frames dropped, none received; a restore gives it a tap); no mac: a random locally administered one (repeatable: eth0, eth1, … in order)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}

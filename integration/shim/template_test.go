@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cube-runtime/cube/integration/cubetest"
 	"github.com/cube-runtime/cube/shim/template"
@@ -137,3 +138,113 @@ func TestCRIPodFromTemplate(t *testing.T) {
 		t.Fatalf("crictl exec -s in the app container: %q %v", got, err)
 	}
 }
+
+// TestCRIPodNetworkFromTemplate: a CRI pod with CNI networking (default
+// configuration) is restored from the automatic template with one NIC
+// (made now or by an earlier test: template_dir is shared), the NIC now on
+// the pod's tap: the guest has the pod's own address, answers the test host
+// at it and reaches a server on the test host (checkPodNetwork); a second
+// networked pod is restored from the same template, not made again, with
+// its own address, and the two reach each other (checkPodToPod).
+//
+// Then, informational (t.Logf, no assertion on time): `crictl runp` of a
+// networked pod from the template beside one of handler cube-cold (the same
+// shim with templates = false), one at a time.
+func TestCRIPodNetworkFromTemplate(t *testing.T) {
+	c := &criEnv{cubetest.StartCRI(t, cubetest.CRIOptions{Config: coldHandler})}
+	coldConf := fmt.Sprintf(cubetest.ShimConfig, cubetest.CubeVMM, cubetest.GuestKernel, cubetest.GuestInitrd, c.Dir) + "templates = false\n"
+	if err := os.WriteFile(coldShimConfig, []byte(coldConf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(c.Dir, "containerd.log")
+	logSize := func() int64 {
+		fi, err := os.Stat(logPath)
+		if err != nil {
+			return 0
+		}
+		return fi.Size()
+	}
+	logFrom := func(from int64) string {
+		b, _ := os.ReadFile(logPath)
+		if from > int64(len(b)) {
+			return ""
+		}
+		return string(b[from:])
+	}
+	podJSON := filepath.Join(c.Dir, "pod.json")
+	os.WriteFile(podJSON, fmt.Appendf(nil, withPodNetwork(criPodConfig), filepath.Join(c.Dir, "podlogs")), 0o644)
+	start := time.Now()
+	out, err := c.crictl("runp", "--runtime", "cube", podJSON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := strings.TrimSpace(out)
+	t.Logf("crictl runp of a networked pod (template made now or earlier, then restored) took %v (informational)", time.Since(start))
+	t.Cleanup(func() {
+		c.crictl("stopp", pod)
+		c.crictl("rmp", "-f", pod)
+	})
+	log1 := logFrom(0)
+	restored := cubetest.GrepLines(log1, cubetest.LogRestoring)
+	if !strings.Contains(restored, "nics=1") || strings.Contains(log1, "cold boot") {
+		t.Fatalf("networked pod not restored from a template with a NIC; shim log:\n%s", cubetest.GrepLines(log1, "template"))
+	}
+	cj := filepath.Join(c.Dir, "c1.json")
+	os.WriteFile(cj, fmt.Appendf(nil, withPodNetwork(criContainerConfig), "c1", cubetest.ImageRef), 0o644)
+	out, err = c.crictl("create", pod, cj, podJSON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctr := strings.TrimSpace(out)
+	if _, err := c.crictl("start", ctr); err != nil {
+		t.Fatal(err)
+	}
+	checkPodNetwork(t, c, pod, ctr, ctr)
+
+	from := logSize()
+	checkPodToPod(t, c, pod, ctr, ctr)
+	log2 := logFrom(from)
+	if !strings.Contains(cubetest.GrepLines(log2, cubetest.LogRestoring), "nics=1") || strings.Contains(log2, cubetest.LogTemplateMade) ||
+		strings.Contains(log2, "cold boot") {
+		t.Errorf("second networked pod: want the NIC template reused; shim log:\n%s", cubetest.GrepLines(log2, "template"))
+	}
+
+	timed := func(handler, name string) time.Duration {
+		pj := filepath.Join(c.Dir, name+".json")
+		os.WriteFile(pj, fmt.Appendf(nil, strings.ReplaceAll(withPodNetwork(criPodConfig), "cube-pod", name), filepath.Join(c.Dir, name+"logs")), 0o644)
+		start := time.Now()
+		out, err := c.crictl("runp", "--runtime", handler, pj)
+		took := time.Since(start)
+		if id := strings.TrimSpace(out); id != "" {
+			c.crictl("stopp", id)
+			c.crictl("rmp", "-f", id)
+		}
+		if err != nil {
+			t.Logf("runp %s (%s) for the comparison failed: %v", name, handler, err)
+			return 0
+		}
+		return took
+	}
+	tmpl, cold := timed("cube", "cube-pod3"), timed("cube-cold", "cube-pod4")
+	if tmpl > 0 && cold > 0 {
+		t.Logf("crictl runp of a networked pod: from the NIC template %v, cold boot %v: %.2fx (informational)",
+			tmpl.Round(time.Millisecond), cold.Round(time.Millisecond), float64(tmpl)/float64(cold))
+	}
+}
+
+// coldShimConfig is the shim config of CRI handler cube-cold (coldHandler):
+// the test's shim config with templates = false.
+const coldShimConfig = "/etc/cube/shim-cold.toml"
+
+// coldHandler is a CRI runtime handler "cube-cold": io.cube.v1 with
+// coldShimConfig.
+const coldHandler = `
+[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.cube-cold]
+  runtime_type = "io.cube.v1"
+  snapshotter = "cube"
+  pod_annotations = ["io.cube.*"]
+  container_annotations = ["io.cube.*"]
+  privileged_without_host_devices = true
+  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.cube-cold.options]
+    ConfigPath = "` + coldShimConfig + `"
+`

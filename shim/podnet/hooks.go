@@ -60,6 +60,11 @@ type HookNetwork struct {
 
 var _ sandbox.Network = (*HookNetwork)(nil)
 var _ sandbox.EgressNetwork = (*HookNetwork)(nil)
+var _ sandbox.NICCounter = (*HookNetwork)(nil)
+
+// NICCount implements sandbox.NICCounter: the hooks' namespace is attached
+// as a pod's (Network), one NIC.
+func (n *HookNetwork) NICCount() int { return 1 }
 
 // HooksFromSpec returns the hook network of container id's spec, or nil
 // (no error) when the VM gets none from hooks: no prestart or

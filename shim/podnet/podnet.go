@@ -73,6 +73,12 @@ type Network struct {
 }
 
 var _ sandbox.Network = (*Network)(nil)
+var _ sandbox.NICCounter = (*Network)(nil)
+
+// NICCount implements sandbox.NICCounter: Attach gives the VM one NIC (the
+// tap redirected to and from the CNI interface), so the sandbox is restored
+// from the automatic template with one NIC.
+func (n *Network) NICCount() int { return 1 }
 
 // attachment is what Attach made in the namespace.
 type attachment struct {

@@ -19,6 +19,9 @@ import (
 type NIC struct {
 	Tap *os.File
 	MAC string
+	// NoBackend: no tap (Tap nil): a device whose frames go nowhere
+	// (cube-vmm -net none), an automatic template's NIC.
+	NoBackend bool
 }
 
 // NetworkConfig mirrors cube.agent.v1.ConfigureNetworkRequest: what the
@@ -63,12 +66,13 @@ type NetworkAttachment struct {
 
 // attachNetwork runs o.Network's Attach (nothing without one). A template
 // snapshot's VM has the devices it was snapshotted with: no NIC can be added
-// to it, so a networked sandbox cannot start from one.
+// to it, so a networked sandbox starts only from an automatic template made
+// with its NICs (chooseTemplate), not from a configured `template`.
 func (s *Sandbox) attachNetwork(ctx context.Context) (*NetworkAttachment, error) {
 	if s.o.Network == nil {
 		return nil, nil
 	}
-	if s.o.Template != "" && s.restore == nil {
+	if s.o.Template != "" && s.restore == nil && s.templateNICs == nil {
 		return nil, fmt.Errorf("sandbox %s has a network (a CNI network namespace) but starts from template %s, whose VM has no NIC to connect: unset `template` in the shim config for pods with pod networking: %w",
 			s.o.ID, s.o.Template, errdefs.ErrFailedPrecondition)
 	}
@@ -145,6 +149,9 @@ func netArgs(nets []NIC) []string {
 	var a []string
 	for i, n := range nets {
 		v := "fd=" + strconv.Itoa(3+i)
+		if n.NoBackend {
+			v = "none" // its ExtraFiles entry is nil: fd 3+i is closed in the VMM
+		}
 		if n.MAC != "" {
 			v += ",mac=" + n.MAC
 		}
@@ -154,8 +161,11 @@ func netArgs(nets []NIC) []string {
 }
 
 func validateNIC(i int, n NIC) error {
-	if n.Tap == nil {
+	if n.Tap == nil && !n.NoBackend {
 		return fmt.Errorf("net %d: no tap file: %w", i, errdefs.ErrInvalidArgument)
+	}
+	if n.Tap != nil && n.NoBackend {
+		return fmt.Errorf("net %d: a tap file and no backend: %w", i, errdefs.ErrInvalidArgument)
 	}
 	if strings.ContainsAny(n.MAC, ", \n=") {
 		return fmt.Errorf("net %d: mac %q contains a comma, space, '=' or newline: %w", i, n.MAC, errdefs.ErrInvalidArgument)

@@ -146,6 +146,15 @@ func TestNetArgs(t *testing.T) {
 	if !strings.Contains(s, "-net fd=3,mac=02:42:0a:58:00:05 -net fd=4 ") {
 		t.Errorf("args %q", s)
 	}
+	// A template VM's NICs have no backend: fd 3+i stays unused.
+	a = sandbox.Args(sandbox.VMConfig{Kernel: "k", Nets: []sandbox.NIC{{NoBackend: true, MAC: sandbox.TemplateNICMAC(0)}}})
+	if s := strings.Join(a, " "); !strings.Contains(s, "-net none,mac=02:cb:00:00:00:01 ") {
+		t.Errorf("args %q", s)
+	}
+	vmm := &sandbox.ProcessVMM{Binary: "/nonexistent/cube-vmm"}
+	if err := vmm.Start(context.Background(), sandbox.VMConfig{Kernel: "k", Nets: []sandbox.NIC{{Tap: r, NoBackend: true}}}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("a NIC with a tap and no backend: %v, want InvalidArgument", err)
+	}
 }
 
 // TestRestoreWithNetwork: a restore's NICs replace its snapshot's, one for

@@ -74,10 +74,11 @@ type Options struct {
 	// shim config's `template`); else TemplateFor may name one at Start.
 	Template string
 	// TemplateFor, when set, returns the automatic template of this
-	// sandbox's shape (shim/template: made on first use). Start calls it
-	// for a sandbox a template can serve (no Template, not a restore, no
-	// Network); an error is logged and the VM cold-boots.
-	TemplateFor func(ctx context.Context) (string, error)
+	// sandbox's shape with nics NICs (shim/template: made on first use).
+	// Start calls it for a sandbox a template can serve (no Template, not a
+	// restore, no Network or one that is a NICCounter); an error is logged
+	// and the VM cold-boots.
+	TemplateFor func(ctx context.Context, nics int) (TemplateVM, error)
 	// BootTimeout bounds Start until the agent answers Health.
 	BootTimeout time.Duration
 	VMM         VMM
@@ -118,6 +119,9 @@ type Sandbox struct {
 	share     bool         // the VM has the virtio-fs share (share.go)
 	shareSeq  int          // names of share entries: v1, v2, …
 	shared    []SharedDir  // host directories in the share now
+
+	// templateNICs are the NIC MACs of the automatic template chooseTemplate picked.
+	templateNICs []string
 }
 
 // RestoreFrom is a checkpoint StartRestore brings back instead of booting:

@@ -129,12 +129,9 @@ func (s *Sandbox) prepareVM(ctx context.Context, firstImage, firstOwner string) 
 	if netAtt != nil {
 		cfg.Nets = netAtt.NICs
 	}
-	if r := s.restore; r != nil {
-		if err := restoreNICs(r, netAtt); err != nil {
-			closeTaps(netAtt)
-			return cfg, nil, fmt.Errorf("sandbox %s: %w", s.o.ID, err)
-		}
-		cfg.ReplaceNets = len(cfg.Nets) > 0
+	if cfg.ReplaceNets, err = s.snapshotNICs(netAtt); err != nil {
+		closeTaps(netAtt)
+		return cfg, nil, fmt.Errorf("sandbox %s: %w", s.o.ID, err)
 	}
 	return cfg, netAtt, nil
 }

@@ -6,8 +6,33 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/sirupsen/logrus"
 )
+
+// TemplateVM is an automatic template TemplateFor found or made.
+type TemplateVM struct {
+	// Dir is its VM snapshot (what cube-vmm restore reads).
+	Dir string
+	// NICMACs are the MACs of its VM's virtio-net devices, in order (as
+	// many as TemplateFor was asked for): backend-less NICs the restore
+	// gives the sandbox's taps, and whose guest interfaces the agent moves
+	// to the network's MACs (DeviceMAC), as after a fork.
+	NICMACs []string
+}
+
+// NICCounter is a Network that says, before Attach, how many NICs its
+// Attach gives: a sandbox with such a network is restored from a template
+// with as many (backend-less) NICs. A Network without it cold-boots.
+type NICCounter interface {
+	NICCount() int
+}
+
+// TemplateNICMAC is the MAC of an automatic template's NIC i: locally
+// administered and the same in every template. The guest's interface has it
+// only until the agent moves it to the sandbox's MAC, before the interface
+// comes up (nothing is ever sent with it).
+func TemplateNICMAC(i int) string { return fmt.Sprintf("02:cb:00:00:00:%02x", i+1) }
 
 // chooseTemplate sets o.Template from TemplateFor when a template can
 // serve this sandbox, and logs why not when it cannot.
@@ -15,19 +40,58 @@ func (s *Sandbox) chooseTemplate(ctx context.Context) {
 	if s.o.TemplateFor == nil || s.o.Template != "" || s.restore != nil {
 		return
 	}
+	nics := 0
 	if s.o.Network != nil {
-		// A template VM has no NIC, and a restored VM cannot gain one.
-		s.o.Log.Info("cold boot: the sandbox has a network (its VM needs a NIC) and automatic templates have none")
-		return
+		nc, ok := s.o.Network.(NICCounter)
+		if !ok {
+			s.o.Log.WithField("network", fmt.Sprintf("%T", s.o.Network)).Info("cold boot: the sandbox's network does not say how many NICs it gives, so no template shape fits it")
+			return
+		}
+		if nics = nc.NICCount(); nics < 1 {
+			s.o.Log.WithField("nics", nics).Info("cold boot: the sandbox has a network with no NIC")
+			return
+		}
 	}
 	start := time.Now()
-	dir, err := s.o.TemplateFor(ctx)
+	t, err := s.o.TemplateFor(ctx, nics)
+	if err == nil && len(t.NICMACs) != nics {
+		err = fmt.Errorf("template %s has %d NICs, the sandbox's network gives %d: %w", t.Dir, len(t.NICMACs), nics, errdefs.ErrFailedPrecondition)
+	}
 	if err != nil {
-		s.o.Log.WithError(err).Warn("cold boot: no template")
+		s.o.Log.WithError(err).WithField("nics", nics).Warn("cold boot: no template")
 		return
 	}
-	s.o.Log.WithFields(logrus.Fields{"template": dir, "took": time.Since(start).Round(time.Millisecond)}).Info("restoring from template")
-	s.o.Template = dir
+	s.o.Log.WithFields(logrus.Fields{"template": t.Dir, "nics": nics, "took": time.Since(start).Round(time.Millisecond)}).Info("restoring from template")
+	s.o.Template = t.Dir
+	s.templateNICs = t.NICMACs
+}
+
+// snapshotNICs matches the network's NICs to the devices of the snapshot
+// the VM is restored from (a checkpoint's, or the template's chooseTemplate
+// picked), and says whether they replace its devices (cube-vmm restore
+// -net fd=N for each). A cold boot has none to match.
+func (s *Sandbox) snapshotNICs(a *NetworkAttachment) (replace bool, err error) {
+	switch {
+	case s.restore != nil:
+		if err := restoreNICs(s.restore, a); err != nil {
+			return false, err
+		}
+		return a != nil && len(a.NICs) > 0, nil
+	case s.templateNICs != nil:
+		if a == nil || len(a.NICs) != len(s.templateNICs) || len(a.Guest.Interfaces) != len(a.NICs) {
+			n, g := 0, 0
+			if a != nil {
+				n, g = len(a.NICs), len(a.Guest.Interfaces)
+			}
+			return false, fmt.Errorf("template %s has %d NICs, the network attached %d NICs with %d guest interfaces (its NICCount said %d): %w",
+				s.o.Template, len(s.templateNICs), n, g, len(s.templateNICs), errdefs.ErrInternal)
+		}
+		for i := range a.Guest.Interfaces {
+			a.Guest.Interfaces[i].DeviceMAC = s.templateNICs[i]
+		}
+		return true, nil
+	}
+	return false, nil
 }
 
 // freshenRestoredGuest fixes what a restore leaves stale: the guest clock

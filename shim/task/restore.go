@@ -76,6 +76,25 @@ type vmmNets struct {
 	}
 }
 
+// manifestNICMACs are the MACs of a VM snapshot's virtio-net devices, in
+// order, from cube-vmm's configuration in its manifest.
+func manifestNICMACs(m *snapshot.Manifest) ([]string, error) {
+	var nets vmmNets
+	if len(m.Config) > 0 {
+		if err := json.Unmarshal(m.Config, &nets); err != nil {
+			return nil, fmt.Errorf("the VMM configuration in its manifest: %v: %w", err, errdefs.ErrFailedPrecondition)
+		}
+	}
+	var macs []string
+	for i, n := range nets.Net {
+		if n.MAC == "" {
+			return nil, fmt.Errorf("network device %d has no MAC in the manifest: %w", i, errdefs.ErrFailedPrecondition)
+		}
+		macs = append(macs, n.MAC)
+	}
+	return macs, nil
+}
+
 // planRestore reads the VM snapshot's manifest and refuses what cannot be
 // restored here, with the reason: another snapshot format, another guest
 // kernel than the configured one, another CPU than this host's (when the
@@ -121,17 +140,8 @@ func planRestore(vm string, cfg config.Config, here *sandbox.HostFacts) (restore
 		}
 	}
 	p := restorePlan{slots: len(m.Shape.Disks)}
-	var nets vmmNets
-	if len(m.Config) > 0 {
-		if err := json.Unmarshal(m.Config, &nets); err != nil {
-			return restorePlan{}, fmt.Errorf("checkpoint %s: the VMM configuration in its manifest: %v: %w", vm, err, errdefs.ErrFailedPrecondition)
-		}
-	}
-	for i, n := range nets.Net {
-		if n.MAC == "" {
-			return restorePlan{}, fmt.Errorf("checkpoint %s: network device %d has no MAC in the manifest: %w", vm, i, errdefs.ErrFailedPrecondition)
-		}
-		p.nicMACs = append(p.nicMACs, n.MAC)
+	if p.nicMACs, err = manifestNICMACs(m); err != nil {
+		return restorePlan{}, fmt.Errorf("checkpoint %s: %w", vm, err)
 	}
 	for i, d := range m.Shape.Disks {
 		if d.Serial != sandbox.SlotSerial(i) {

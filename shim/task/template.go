@@ -3,10 +3,14 @@ package task
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/sirupsen/logrus"
 
+	"github.com/cube-runtime/cube/hypervisor/snapshot"
 	"github.com/cube-runtime/cube/shim/config"
 	"github.com/cube-runtime/cube/shim/sandbox"
 	"github.com/cube-runtime/cube/shim/template"
@@ -14,7 +18,7 @@ import (
 
 // templateFor returns the sandbox's TemplateFor for cfg: nil when
 // templates are off or the config names a template itself.
-func templateFor(cfg config.Config, to config.Timeouts, log *logrus.Entry) func(context.Context) (string, error) {
+func templateFor(cfg config.Config, to config.Timeouts, log *logrus.Entry) func(context.Context, int) (sandbox.TemplateVM, error) {
 	if !cfg.Templates || cfg.Template != "" {
 		return nil
 	}
@@ -24,11 +28,27 @@ func templateFor(cfg config.Config, to config.Timeouts, log *logrus.Entry) func(
 		// A boot, the agent's answer and one snapshot.
 		BuildTimeout: to.Boot + to.Agent,
 	}
-	shape := ShapeOf(cfg)
-	return func(ctx context.Context) (string, error) { return cache.Get(ctx, shape) }
+	return func(ctx context.Context, nics int) (sandbox.TemplateVM, error) {
+		shape := ShapeOf(cfg)
+		shape.NICs = nics
+		dir, err := cache.Get(ctx, shape)
+		if err != nil {
+			return sandbox.TemplateVM{}, err
+		}
+		t := sandbox.TemplateVM{Dir: dir}
+		if nics > 0 {
+			// The snapshot's own record, not the recipe's constant: what
+			// the guest's devices really have.
+			if t.NICMACs, err = snapshotNICMACs(dir); err != nil {
+				return sandbox.TemplateVM{}, fmt.Errorf("template %s: %w", dir, err)
+			}
+		}
+		return t, nil
+	}
 }
 
-// ShapeOf is the template shape of the sandboxes cfg makes.
+// ShapeOf is the template shape of the sandboxes cfg makes (without a
+// network: NICs is the sandbox's to set).
 func ShapeOf(cfg config.Config) template.Shape {
 	return template.Shape{
 		VMM: cfg.VMM, Kernel: cfg.Kernel, Initrd: cfg.Initrd, Cmdline: cfg.Cmdline,
@@ -37,17 +57,24 @@ func ShapeOf(cfg config.Config) template.Shape {
 }
 
 // BuildTemplate is the template recipe: a VM of the shape cold-booted with
-// stub drives in every slot and no NIC (as a template restore starts),
-// snapshotted once its agent answers, then stopped.
+// stub drives in every slot and shape.NICs NICs without a backend
+// (cube-vmm -net none, MACs sandbox.TemplateNICMAC: a restore gives each
+// the sandbox's tap), as a template restore starts, snapshotted once its
+// agent answers, then stopped. The guest's interfaces stay unconfigured
+// (down, no address) until a restored sandbox's agent configures them.
 func BuildTemplate(to config.Timeouts, log *logrus.Entry) template.BuildFunc {
 	return func(ctx context.Context, shape template.Shape, work, snapDir string) error {
 		vlog := log.WithField("template-build", work)
 		vmm := &sandbox.ProcessVMM{Binary: shape.VMM, Log: vlog}
-		sb, err := sandbox.New(sandbox.Options{
+		o := sandbox.Options{
 			ID: "template", Dir: work, Kernel: shape.Kernel, Initrd: shape.Initrd, Cmdline: shape.Cmdline,
 			MemoryMiB: shape.MemoryMiB, VCPUs: shape.VCPUs, DiskSlots: shape.DiskSlots, BootTimeout: to.Boot,
 			VMM: vmm, Dial: sandbox.DialAgentTimeout(to.Agent), Log: vlog,
-		})
+		}
+		if shape.NICs > 0 {
+			o.Network = templateNetwork(shape.NICs)
+		}
+		sb, err := sandbox.New(o)
 		if err != nil {
 			return err
 		}
@@ -67,4 +94,32 @@ func BuildTemplate(to config.Timeouts, log *logrus.Entry) template.BuildFunc {
 		vlog.WithFields(logrus.Fields{"boot": booted.Round(time.Millisecond), "snapshot": time.Since(start).Round(time.Millisecond)}).Info("template VM booted and snapshotted")
 		return nil
 	}
+}
+
+// templateNetwork is a template VM's network: NICs with no backend and
+// nothing for the guest to configure.
+type templateNetwork int
+
+func (n templateNetwork) Attach(context.Context) (sandbox.NetworkAttachment, error) {
+	var a sandbox.NetworkAttachment
+	for i := 0; i < int(n); i++ {
+		a.NICs = append(a.NICs, sandbox.NIC{NoBackend: true, MAC: sandbox.TemplateNICMAC(i)})
+	}
+	return a, nil
+}
+
+func (templateNetwork) Detach(context.Context) error { return nil }
+
+// snapshotNICMACs are the MACs of a VM snapshot's virtio-net devices, in
+// order, from its manifest.
+func snapshotNICMACs(vm string) ([]string, error) {
+	b, err := os.ReadFile(filepath.Join(vm, snapshot.ManifestName))
+	if err != nil {
+		return nil, err
+	}
+	m, err := snapshot.ParseManifest(b)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrFailedPrecondition)
+	}
+	return manifestNICMACs(m)
 }

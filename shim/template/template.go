@@ -5,8 +5,8 @@
 //
 // A template is keyed by everything the snapshot depends on (Key): the
 // bytes of the kernel, the initrd (with the guest agent) and the cube-vmm
-// binary, the kernel command line, memory, vCPUs, drive slots and this
-// package's layout version. A new initrd is a new key, so a new template;
+// binary, the kernel command line, memory, vCPUs, drive slots, NICs and
+// this package's layout version. A new initrd is a new key, so a new template;
 // an old one stays until `cube templates rm` removes it. Layout under Root:
 //
 //	<key>/vm/            the VM snapshot (cube-vmm restore's directory)
@@ -35,7 +35,8 @@ import (
 )
 
 // Version is the layout and build recipe version; part of every key.
-const Version = "cube-template-1"
+// 2: the key has the number of NICs (a template per NIC count).
+const Version = "cube-template-2"
 
 // FailTTL is how long a failed build is remembered: sandboxes started
 // meanwhile cold-boot at once instead of each retrying it.
@@ -51,6 +52,10 @@ type Shape struct {
 	MemoryMiB uint32
 	VCPUs     uint32
 	DiskSlots int
+	// NICs is how many virtio-net devices (with no backend) the template
+	// VM has: 0 for a sandbox without a network of its own, else its
+	// network's NIC count; a restore gives each the sandbox's tap.
+	NICs int
 }
 
 // Meta is <key>/template.json: what a template is for.
@@ -107,7 +112,7 @@ func (c *Cache) Key(shape Shape) (string, Meta, error) {
 		}
 		fmt.Fprintf(h, "%s=%s\n", f.role, d)
 	}
-	fmt.Fprintf(h, "cmdline=%q\nmemory_mib=%d\nvcpus=%d\ndisk_slots=%d\n", shape.Cmdline, shape.MemoryMiB, shape.VCPUs, shape.DiskSlots)
+	fmt.Fprintf(h, "cmdline=%q\nmemory_mib=%d\nvcpus=%d\ndisk_slots=%d\nnics=%d\n", shape.Cmdline, shape.MemoryMiB, shape.VCPUs, shape.DiskSlots, shape.NICs)
 	m.Key = hex.EncodeToString(h.Sum(nil)[:16])
 	return m.Key, m, nil
 }

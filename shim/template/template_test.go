@@ -116,6 +116,9 @@ func TestKeyFollowsEveryInput(t *testing.T) {
 	s = f.shape
 	s.Cmdline += " quiet"
 	changed["cmdline"] = s
+	s = f.shape
+	s.NICs = 1
+	changed["nics"] = s
 	for what, s := range changed {
 		if k, _, _ := c.Key(s); k == k0 {
 			t.Errorf("%s changed, key did not", what)
