@@ -137,6 +137,9 @@ func exitStatus(exit machine.Exit, stderr io.Writer) int {
 	case machine.ExitPowerOff:
 		return ExitPowerOff
 	case machine.ExitReboot:
+		// cube-vmm does not restart a guest, and the benchmarks' and sandboxes' guests never reboot on
+		// purpose: say how it reset and what it printed last (the console file goes with the sandbox).
+		fmt.Fprintf(stderr, "cube-vmm: the guest reset (%v); console tail:\n%s\n", exit.Err, lastLines(exit.ConsoleTail, 40))
 		return ExitReboot
 	case machine.ExitStopped:
 		return ExitStopped

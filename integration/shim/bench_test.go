@@ -161,6 +161,8 @@ func (d *daemons) density(b *testing.B, loss *benchloss.Counter, name string, ar
 	}
 	n := len(ids)
 	memDrop := memBefore - memAvailableKiB()
+	b.Logf("filled: %d sandboxes; test host: %s", n, hostFacts())
+	failed := d.answering(b, ids)
 	per := func(kib int64) float64 { return float64(kib) / 1024 / float64(n) }
 	cfg, _ := config.Parse(fmt.Appendf(nil, cubetest.ShimConfig, cubetest.CubeVMM, cubetest.GuestKernel, cubetest.GuestInitrd, d.Dir))
 	overhead := per(total.vmmOtherKiB + total.shimKiB)
@@ -184,8 +186,40 @@ func (d *daemons) density(b *testing.B, loss *benchloss.Counter, name string, ar
 	fmt.Printf("| host overhead beyond guest memory, per sandbox | %.1f MiB |\n", overhead)
 	fmt.Printf("| host MemAvailable drop, per sandbox | %.1f MiB |\n", per(memDrop))
 	fmt.Printf("| sandboxes per %d MiB at this PSS | %d |\n", budgetMiB, fits)
+	fmt.Printf("| sandboxes answering at the end (RUNNING, `ctr task exec … true` rc 0) | %d of %d |\n", n-len(failed), n)
 	fmt.Printf("lost VMs: %d (sandboxes whose VM was lost, removed and started again; not in the figures)\n", loss.N())
+	if len(failed) > 0 {
+		b.Errorf("%d of %d sandboxes did not answer at the end:\n%s", len(failed), n, strings.Join(failed, "\n"))
+	}
 	loss.Check(b)
+}
+
+// answering checks, after the fill, that every sandbox still runs and its guest agent still serves it: the
+// task is RUNNING in `ctr task ls` and `ctr task exec … true` ends 0. It returns one line per sandbox that
+// did not (a failure the benchmark counts; no timing is judged).
+func (d *daemons) answering(b *testing.B, ids []string) []string {
+	ls, _, _ := d.CtrQuiet(nil, "task", "ls")
+	running := map[string]bool{}
+	for _, l := range strings.Split(ls, "\n") {
+		if f := strings.Fields(l); len(f) == 3 && f[2] == "RUNNING" {
+			running[f[0]] = true
+		}
+	}
+	var failed []string
+	for i, id := range ids {
+		if !running[id] {
+			failed = append(failed, id+": not RUNNING in ctr task ls")
+			continue
+		}
+		out, rc, err := d.CtrQuiet(nil, "task", "exec", "--exec-id", fmt.Sprintf("answer%d", i), id, "true")
+		if err != nil || rc != 0 {
+			failed = append(failed, fmt.Sprintf("%s: ctr task exec true: rc %d %v: %s", id, rc, err, cubetest.LastLines(strings.TrimSpace(out), 5)))
+		}
+	}
+	if len(failed) > 0 {
+		b.Logf("test host kernel log (tail):\n%s\nconsoles of the sandboxes still on disk:\n%s", kernelLogTail(30), d.consoleTails(10))
+	}
+	return failed
 }
 
 // fill starts idle sandboxes until their footprint reaches the budget (or the cap), and returns it and why
@@ -198,7 +232,17 @@ func (d *daemons) fill(b *testing.B, loss *benchloss.Counter, name string, args 
 		err := loss.Sample(fmt.Sprintf("%s sandbox %d", name, len(*ids)+1), func() error {
 			n++
 			started = fmt.Sprintf("%s-idle%d", name, n)
-			return d.startIdle(started, args)
+			t0 := time.Now()
+			err := d.startIdle(started, args)
+			if err != nil {
+				// The failure's evidence (ctr, the shim's and cube-vmm's lines with the guest console tail) is
+				// in err; what the test host looked like then is here.
+				b.Logf("%s failed after %v; test host: %s\ntest host kernel log (tail):\n%s", started,
+					time.Since(t0).Round(time.Millisecond), hostFacts(), kernelLogTail(30))
+				return err
+			}
+			b.Logf("%s started in %v; test host: %s", started, time.Since(t0).Round(time.Millisecond), hostFacts())
+			return nil
 		})
 		if errors.Is(err, benchloss.ErrBound) {
 			return total, "too many lost VMs"

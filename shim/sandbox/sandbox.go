@@ -246,6 +246,8 @@ func (s *Sandbox) Start(ctx context.Context, firstImage, firstOwner string) (ret
 	}
 	defer func() {
 		if retErr != nil {
+			// Ordering: before teardown removes the state dir and the console log with it.
+			s.logConsoleTail("the sandbox failed to start")
 			s.teardown(false)
 		}
 	}()
@@ -415,6 +417,7 @@ func (s *Sandbox) supervise() {
 	s.mu.Unlock()
 	if !stopping {
 		s.o.Log.WithField("status", s.o.VMM.Exit().describe()).Error("vmm exited unexpectedly")
+		s.logConsoleTail("its vmm exited unexpectedly")
 	}
 	s.teardown(!stopping)
 }
