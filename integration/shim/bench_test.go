@@ -3,7 +3,6 @@ package shim
 import (
 	"bufio"
 	"bytes"
-	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -129,23 +128,34 @@ func (d *daemons) templateRuntime(b *testing.B, loss *benchloss.Counter) []strin
 // cold-booted and restored from a template, until their host memory — the
 // proportional set size (PSS) of every cube-vmm and shim process — reaches a
 // fixed budget, and prints how many fit and what each costs beyond its
-// guest's own memory. Run with -benchtime 1x: the fill is the measurement.
+// guest's own memory. At the end every sandbox must still answer. A sandbox
+// that fails to start, or does not answer at the end, is a failure: counted,
+// printed with its evidence (the guest's console tail and how its VMM ended,
+// from the shim's log; the test host's memory, reclaim counters and kernel
+// log) and failing the benchmark; no sandbox is retried. Run with -benchtime
+// 1x: the fill is the measurement.
 func BenchmarkCtrDensity(b *testing.B) {
 	d := startDaemons(b)
-	b.Run("cold", func(b *testing.B) { d.density(b, benchloss.New(b), "cold", d.ColdRuntime(b)) })
+	b.Run("cold", func(b *testing.B) { d.density(b, "cold", d.ColdRuntime(b)) })
 	b.Run("template", func(b *testing.B) {
-		loss := benchloss.New(b)
-		d.density(b, loss, "template", d.templateRuntime(b, loss))
+		loss := benchloss.New(b) // the untimed probe run that makes the template only
+		args := d.templateRuntime(b, loss)
+		loss.Check(b)
+		d.density(b, "template", args)
 	})
 }
 
 // The fill of BenchmarkCtrDensity.
 const (
 	densityBudgetMiB = 1024
-	densityMaxBoxes  = 40 // a bound on the run time should the footprint be tiny
+	// A bound on the run time should the footprint be tiny: above what the template fill needs to use the
+	// budget (about 18 MiB of PSS a sandbox, so about 57).
+	densityMaxBoxes = 72
+	// The fill stops after this many sandboxes failed to start (each is a failure already).
+	densityMaxFailures = 3
 )
 
-func (d *daemons) density(b *testing.B, loss *benchloss.Counter, name string, args []string) {
+func (d *daemons) density(b *testing.B, name string, args []string) {
 	const budgetMiB, maxBoxes = densityBudgetMiB, densityMaxBoxes
 	var ids []string
 	defer func() {
@@ -155,11 +165,14 @@ func (d *daemons) density(b *testing.B, loss *benchloss.Counter, name string, ar
 	}()
 	memBefore := memAvailableKiB()
 	var total footprint
-	stopped := "" // why the fill ended before the budget, if it did
+	var failures []string // sandboxes that failed to start
 	for b.Loop() {
-		total, stopped = d.fill(b, loss, name, args, &ids)
+		total, failures = d.fill(b, name, args, &ids)
 	}
 	n := len(ids)
+	if n == 0 {
+		b.Fatalf("no %s sandbox started:\n%s", name, strings.Join(failures, "\n"))
+	}
 	memDrop := memBefore - memAvailableKiB()
 	b.Logf("filled: %d sandboxes; test host: %s", n, hostFacts())
 	failed := d.answering(b, ids)
@@ -169,10 +182,11 @@ func (d *daemons) density(b *testing.B, loss *benchloss.Counter, name string, ar
 	fits := int(float64(budgetMiB) / (float64(total.totalKiB()) / 1024 / float64(n)))
 	b.ReportMetric(float64(fits), "sandboxes/GiB")
 	b.ReportMetric(overhead, "overhead-MiB/sandbox")
+	b.ReportMetric(float64(len(failures)+len(failed)), "failed-sandboxes")
 	capped := ""
 	switch {
-	case stopped != "":
-		capped = " (then " + stopped + ")"
+	case len(failures) >= densityMaxFailures:
+		capped = fmt.Sprintf(" (stopped after %d failed to start)", len(failures))
 	case n == maxBoxes && total.totalKiB() < budgetMiB*1024:
 		capped = " (cap reached before the budget)"
 	}
@@ -186,12 +200,12 @@ func (d *daemons) density(b *testing.B, loss *benchloss.Counter, name string, ar
 	fmt.Printf("| host overhead beyond guest memory, per sandbox | %.1f MiB |\n", overhead)
 	fmt.Printf("| host MemAvailable drop, per sandbox | %.1f MiB |\n", per(memDrop))
 	fmt.Printf("| sandboxes per %d MiB at this PSS | %d |\n", budgetMiB, fits)
+	fmt.Printf("| sandboxes that failed to start | %d |\n", len(failures))
 	fmt.Printf("| sandboxes answering at the end (RUNNING, `ctr task exec … true` rc 0) | %d of %d |\n", n-len(failed), n)
-	fmt.Printf("lost VMs: %d (sandboxes whose VM was lost, removed and started again; not in the figures)\n", loss.N())
-	if len(failed) > 0 {
-		b.Errorf("%d of %d sandboxes did not answer at the end:\n%s", len(failed), n, strings.Join(failed, "\n"))
+	if len(failures)+len(failed) > 0 {
+		b.Errorf("%d sandboxes failed to start and %d of %d did not answer at the end:\n%s", len(failures), len(failed), n,
+			strings.Join(append(failures, failed...), "\n"))
 	}
-	loss.Check(b)
 }
 
 // answering checks, after the fill, that every sandbox still runs and its guest agent still serves it: the
@@ -222,46 +236,33 @@ func (d *daemons) answering(b *testing.B, ids []string) []string {
 	return failed
 }
 
-// fill starts idle sandboxes until their footprint reaches the budget (or the cap), and returns it and why
-// the fill ended early, if it did (a sandbox that failed to start, past the first: the fill is the measure).
-// A sandbox whose VM is lost is removed, counted and started again under a new id.
-func (d *daemons) fill(b *testing.B, loss *benchloss.Counter, name string, args []string, ids *[]string) (footprint, string) {
+// fill starts idle sandboxes until their footprint reaches the budget (or the cap, or densityMaxFailures
+// sandboxes failed), and returns it and one line per sandbox that failed to start. A failed sandbox is
+// removed and logged with its evidence and the test host's state; the fill goes on under a new id.
+func (d *daemons) fill(b *testing.B, name string, args []string, ids *[]string) (footprint, []string) {
 	var total footprint
-	for n := 0; len(*ids) < densityMaxBoxes && total.totalKiB() < densityBudgetMiB*1024; {
-		var started string
-		err := loss.Sample(fmt.Sprintf("%s sandbox %d", name, len(*ids)+1), func() error {
-			n++
-			started = fmt.Sprintf("%s-idle%d", name, n)
-			t0 := time.Now()
-			err := d.startIdle(started, args)
-			if err != nil {
-				// The failure's evidence (ctr, the shim's and cube-vmm's lines with the guest console tail) is
-				// in err; what the test host looked like then is here.
-				b.Logf("%s failed after %v; test host: %s\ntest host kernel log (tail):\n%s", started,
-					time.Since(t0).Round(time.Millisecond), hostFacts(), kernelLogTail(30))
-				return err
-			}
-			b.Logf("%s started in %v; test host: %s", started, time.Since(t0).Round(time.Millisecond), hostFacts())
-			return nil
-		})
-		if errors.Is(err, benchloss.ErrBound) {
-			return total, "too many lost VMs"
+	var failures []string
+	from := d.LogSize()
+	for n := 0; len(*ids) < densityMaxBoxes && total.totalKiB() < densityBudgetMiB*1024 && len(failures) < densityMaxFailures; {
+		n++
+		id := fmt.Sprintf("%s-idle%d", name, n)
+		t0 := time.Now()
+		if err := d.startIdle(id, args); err != nil {
+			b.Logf("%s (sandbox %d) failed after %v: %v\ntest host: %s\ntest host kernel log (tail):\n%s", id, len(*ids)+1,
+				time.Since(t0).Round(time.Millisecond), err, hostFacts(), kernelLogTail(30))
+			failures = append(failures, fmt.Sprintf("%s (sandbox %d): %s", id, len(*ids)+1, cubetest.FirstLine(err.Error())))
+			continue
 		}
-		if err != nil {
-			if len(*ids) == 0 {
-				b.Fatal(err)
-			}
-			// Report what fit so far, and why the next one did not.
-			stopped := fmt.Sprintf("sandbox %d failed to start: %s", len(*ids)+1, cubetest.FirstLine(err.Error()))
-			b.Log(stopped)
-			return total, stopped
-		}
-		*ids = append(*ids, started)
+		b.Logf("%s started in %v; test host: %s", id, time.Since(t0).Round(time.Millisecond), hostFacts())
+		*ids = append(*ids, id)
+		var err error
 		if total, err = d.measure(*ids); err != nil {
-			b.Fatal(err)
+			// A sandbox that ran died since: the shim logged how its VMM ended and its guest console.
+			b.Fatalf("%v\nthe shim's sandbox lines since the fill began:\n%s\ntest host: %s\ntest host kernel log (tail):\n%s",
+				err, d.VMMLog(from), hostFacts(), kernelLogTail(30))
 		}
 	}
-	return total, ""
+	return total, failures
 }
 
 // startIdle starts sandbox id (`ctr run -d … sleep`) and lets it settle (the guest finished booting and the
