@@ -95,10 +95,18 @@ func holdBoot(argv []string) (map[string]int64, string, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, "", err
 	}
-	defer func() {
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	stop := func() {
+		// SIGTERM first: cube-vmm then logs its exits by device ("vm ended"); QEMU just ends.
+		syscall.Kill(cmd.Process.Pid, syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+		}
 		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		cmd.Wait()
-	}()
+		<-exited
+	}
 	found := make(chan time.Duration, 1)
 	go func() {
 		sc := bufio.NewScanner(out)
@@ -113,14 +121,17 @@ func holdBoot(argv []string) (map[string]int64, string, error) {
 	select {
 	case d, ok := <-found:
 		if !ok {
+			stop()
 			return nil, "", fmt.Errorf("exited before the marker: %s", tail(stderr.String(), 10))
 		}
 		took = d
 	case <-time.After(2 * time.Minute):
+		stop()
 		return nil, "", fmt.Errorf("no marker in 2 minutes: %s", tail(stderr.String(), 10))
 	}
 	c := vmCounters(cmd.Process.Pid)
 	c["marker_ms"] = took.Milliseconds()
+	stop()
 	return c, cubeVMMSteps(stderr.String(), start), nil
 }
 
@@ -172,6 +183,12 @@ func cubeVMMSteps(log string, start time.Time) string {
 			}
 		case strings.Contains(l, `msg="starting vcpus"`):
 			what = "exec→first KVM_RUN"
+		case strings.Contains(l, `msg="vm ended"`):
+			// Exits to cube-vmm up to the stop (the held guest idles after the marker), by device.
+			if i := strings.Index(l, "exits_interrupted="); i >= 0 {
+				parts = append(parts, "at the stop: "+l[i:])
+			}
+			continue
 		default:
 			continue
 		}
