@@ -22,6 +22,11 @@ func (s *Sandbox) logConsoleTail(why string) {
 		s.o.Log.WithError(err).Warnf("sandbox %s: %s; no guest console to show", s.o.ID, why)
 		return
 	}
+	if len(tail) == 0 {
+		// A restored guest prints nothing until something happens: an empty console is evidence too.
+		s.o.Log.Errorf("sandbox %s: %s; the guest console (%s) is empty", s.o.ID, why, path)
+		return
+	}
 	s.o.Log.Errorf("sandbox %s: %s; guest console (last %d lines of %s):", s.o.ID, why, consoleTailLines, path)
 	for _, l := range tail {
 		s.o.Log.Errorf("sandbox %s console: %s", s.o.ID, l)
