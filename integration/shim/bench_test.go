@@ -255,11 +255,23 @@ func (d *daemons) fill(b *testing.B, name string, args []string, ids *[]string) 
 		}
 		b.Logf("%s started in %v; test host: %s", id, time.Since(t0).Round(time.Millisecond), hostFacts())
 		*ids = append(*ids, id)
+		var dead []string
 		var err error
-		if total, err = d.measure(*ids); err != nil {
+		if total, dead, err = d.measure(*ids); err != nil {
+			b.Fatal(err)
+		}
+		for _, id := range dead {
 			// A sandbox that ran died since: the shim logged how its VMM ended and its guest console.
-			b.Fatalf("%v\nthe shim's sandbox lines since the fill began:\n%s\ntest host: %s\ntest host kernel log (tail):\n%s",
-				err, d.VMMLog(from), hostFacts(), kernelLogTail(30))
+			b.Logf("%s died after it started:\nthe shim's lines about it:\n%s\ntest host: %s\ntest host kernel log (tail):\n%s", id,
+				cubetest.GrepLines(d.VMMLog(from), "sandbox="+id), hostFacts(), kernelLogTail(30))
+			failures = append(failures, id+": died after it started (its VMM ended)")
+			d.Forget(id)
+			*ids = slices.DeleteFunc(*ids, func(s string) bool { return s == id })
+		}
+		if len(dead) > 0 {
+			if total, _, err = d.measure(*ids); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
 	return total, failures
@@ -296,12 +308,12 @@ type footprint struct {
 
 func (f footprint) totalKiB() int64 { return f.guestKiB + f.vmmOtherKiB + f.shimKiB }
 
-// measure reads the PSS of each sandbox's cube-vmm (the task pid) and of its
-// shim (cube-vmm's parent: the shim forks it).
-func (d *daemons) measure(ids []string) (footprint, error) {
+// measure reads the PSS of each sandbox's cube-vmm (the task pid) and of its shim (cube-vmm's parent: the
+// shim forks it), over the sandboxes still running, and returns the ones that are not (their VMM ended).
+func (d *daemons) measure(ids []string) (footprint, []string, error) {
 	out, rc, err := d.CtrQuiet(nil, "task", "ls")
 	if err != nil || rc != 0 {
-		return footprint{}, fmt.Errorf("ctr task ls: rc %d %v", rc, err)
+		return footprint{}, nil, fmt.Errorf("ctr task ls: rc %d %v", rc, err)
 	}
 	pids := map[string]int{}
 	for _, l := range strings.Split(out, "\n")[1:] {
@@ -310,28 +322,34 @@ func (d *daemons) measure(ids []string) (footprint, error) {
 		}
 	}
 	var fp footprint
+	var dead []string
 	for _, id := range ids {
 		pid, ok := pids[id]
 		if !ok {
-			return fp, fmt.Errorf("sandbox %s is not running:\n%s", id, out)
+			dead = append(dead, id)
+			continue
 		}
 		guest, other, err := vmmPSS(pid)
 		if err != nil {
-			return fp, err
+			if !processExists(pid) { // it died since ctr task ls
+				dead = append(dead, id)
+				continue
+			}
+			return fp, nil, err
 		}
 		ppid, err := parentPid(pid)
 		if err != nil {
-			return fp, err
+			return fp, nil, err
 		}
 		_, shim, err := smapsPSS(ppid, func(int64) bool { return false })
 		if err != nil {
-			return fp, err
+			return fp, nil, err
 		}
 		fp.guestKiB += guest
 		fp.vmmOtherKiB += other
 		fp.shimKiB += shim
 	}
-	return fp, nil
+	return fp, dead, nil
 }
 
 // vmmPSS splits cube-vmm's PSS into its guest-memory mapping (a mapping of
@@ -367,6 +385,11 @@ func smapsPSS(pid int, match func(sizeKiB int64) bool) (matched, rest int64, err
 		}
 	}
 	return matched, rest, sc.Err()
+}
+
+func processExists(pid int) bool {
+	_, err := os.Stat(fmt.Sprintf("/proc/%d", pid))
+	return err == nil
 }
 
 func parentPid(pid int) (int, error) {
