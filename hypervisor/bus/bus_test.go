@@ -60,3 +60,20 @@ func TestDispatch(t *testing.T) {
 		t.Error("Unregister of nothing succeeded")
 	}
 }
+
+func TestAccesses(t *testing.T) {
+	var b Bus
+	b.Register(0x3f8, 8, "serial", &recorder{})
+	b.Register(0x60, 1, "i8042", &recorder{})
+	b.Register(0xcf8, 8, "pci", &recorder{})
+	d := make([]byte, 1)
+	for range 3 {
+		b.Write(0x3f8, d)
+	}
+	b.Read(0x60, d)
+	b.Read(0x1234, d) // unclaimed: counted nowhere
+	got := b.Accesses()
+	if len(got) != 2 || got[0] != (Access{"serial", 0x3f8, 3}) || got[1] != (Access{"i8042", 0x60, 1}) {
+		t.Errorf("Accesses = %+v", got)
+	}
+}

@@ -286,13 +286,13 @@ func (m *Machine) addLegacyDevices() error {
 	if err := m.pio.Register(serial.COM1Base, serial.Size, "serial COM1", m.serial); err != nil {
 		return err
 	}
-	kbd := &i8042.Device{OnReset: func() { m.finish(ExitReboot, nil) }}
+	kbd := &i8042.Device{OnReset: func() { m.finish(ExitReboot, errI8042Reset) }}
 	if err := m.pio.Register(i8042.Base, i8042.Size, "i8042", kbd); err != nil {
 		return err
 	}
 	power := &pm.Device{
 		OnPowerOff: func() { m.finish(ExitPowerOff, nil) },
-		OnReset:    func() { m.finish(ExitReboot, nil) },
+		OnReset:    func() { m.finish(ExitReboot, errACPIReset) },
 	}
 	return m.pio.Register(pm.Base, pm.Size, "acpi pm", power)
 }
@@ -376,7 +376,11 @@ func (m *Machine) vcpuExited(r vcpu.Result) {
 	case vcpu.ReasonShutdown:
 		m.finish(ExitPowerOff, nil)
 	case vcpu.ReasonReset:
-		m.finish(ExitReboot, r.Err)
+		err := r.Err
+		if err == nil {
+			err = errSystemReset
+		}
+		m.finish(ExitReboot, fmt.Errorf("vcpu %d: %w", r.ID, err))
 	case vcpu.ReasonCrash:
 		m.finish(ExitPanic, r.Err)
 	case vcpu.ReasonHalted:
@@ -385,6 +389,14 @@ func (m *Machine) vcpuExited(r vcpu.Result) {
 		m.finish(ExitError, fmt.Errorf("vcpu %d: %w", r.ID, r.Err))
 	}
 }
+
+// How the guest asked for a reset (Exit.Err of an ExitReboot; a triple
+// fault is the vCPU's own error).
+var (
+	errI8042Reset  = errors.New("reset through the i8042 controller (port 0x64 command 0xfe)")
+	errACPIReset   = errors.New("reset through the ACPI reset register")
+	errSystemReset = errors.New("reset system event from KVM")
+)
 
 // guestPanicked is the console's panic callback.
 func (m *Machine) guestPanicked(done bool) {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -137,6 +138,13 @@ func exitStatus(exit machine.Exit, stderr io.Writer) int {
 	case machine.ExitPowerOff:
 		return ExitPowerOff
 	case machine.ExitReboot:
+		// cube-vmm does not restart a guest, and the benchmarks' and sandboxes' guests never reboot on
+		// purpose: say how it reset and what it printed last (the console file goes with the sandbox).
+		tail := lastLines(exit.ConsoleTail, 40)
+		if strings.TrimSpace(tail) == "" {
+			tail = "(nothing on the console since the VM started or was restored)"
+		}
+		fmt.Fprintf(stderr, "cube-vmm: the guest reset (%v); console tail:\n%s\n", exit.Err, tail)
 		return ExitReboot
 	case machine.ExitStopped:
 		return ExitStopped

@@ -17,6 +17,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
+	"github.com/cube-runtime/cube/hypervisor/bus"
 	"github.com/cube-runtime/cube/hypervisor/control"
 	"github.com/cube-runtime/cube/hypervisor/machine"
 	"github.com/cube-runtime/cube/hypervisor/virtio/blk"
@@ -230,7 +231,8 @@ func Run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	exit := m.Wait()
 	if info := m.Info(); log.IsLevelEnabled(logrus.DebugLevel) {
 		log.WithFields(logrus.Fields{"uptime": info.Uptime, "exits_pio": info.ExitsPIO, "exits_mmio": info.ExitsMMIO,
-			"exits_interrupted": info.ExitsKick}).Debug("vm ended")
+			"exits_interrupted": info.ExitsKick, "pio_by_device": accessSummary(m.PIO().Accesses()),
+			"mmio_by_device": accessSummary(m.MMIO().Accesses())}).Debug("vm ended")
 	}
 	return exitStatus(exit, stderr)
 }
@@ -459,6 +461,22 @@ func parse(args []string, stderr io.Writer) (Config, error) {
 		return cfg, errors.New("-kernel is required (see --help)")
 	}
 	return cfg, nil
+}
+
+// accessSummary is "name@base=count ..." for the busiest device ranges of a bus, at most 10.
+func accessSummary(a []bus.Access) string {
+	var b strings.Builder
+	for i, x := range a {
+		if i == 10 {
+			fmt.Fprintf(&b, " +%d more", len(a)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%s@%#x=%d", strings.ReplaceAll(x.Name, " ", "_"), x.Base, x.Count)
+	}
+	return b.String()
 }
 
 func lastLines(s string, n int) string {

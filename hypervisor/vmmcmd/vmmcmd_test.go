@@ -14,6 +14,7 @@ import (
 
 	"github.com/cube-runtime/cube/hypervisor/control"
 	"github.com/cube-runtime/cube/hypervisor/kvmtest"
+	"github.com/cube-runtime/cube/hypervisor/machine"
 )
 
 func needKVM(t *testing.T) {
@@ -62,6 +63,23 @@ func TestExitStatuses(t *testing.T) {
 		if c.want == ExitPanic && !strings.Contains(errOut, "Kernel panic - not syncing: boom") {
 			t.Errorf("panic: stderr lacks the console tail: %q", errOut)
 		}
+		if c.want == ExitReboot && (!strings.Contains(errOut, "the guest reset") || !strings.Contains(errOut, "bye")) {
+			t.Errorf("%s: stderr lacks how the guest reset and its console tail: %q", c.name, errOut)
+		}
+	}
+}
+
+// A guest reset is reported on stderr with how it reset and the console's last lines (no KVM needed).
+func TestExitStatusReboot(t *testing.T) {
+	var errb bytes.Buffer
+	tail := strings.Repeat("old line\n", 50) + "last words\n"
+	rc := exitStatus(machine.Exit{Reason: machine.ExitReboot, Err: errors.New("vcpu 0: triple fault"), ConsoleTail: tail}, &errb)
+	if rc != ExitReboot {
+		t.Fatalf("exit %d, want %d", rc, ExitReboot)
+	}
+	if s := errb.String(); !strings.Contains(s, "the guest reset (vcpu 0: triple fault)") || !strings.Contains(s, "last words") ||
+		strings.Count(s, "old line") != 39 {
+		t.Errorf("stderr: %q", s)
 	}
 }
 

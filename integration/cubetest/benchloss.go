@@ -39,7 +39,8 @@ func (d *Daemons) VMMLog(from int64) string {
 			b.WriteString(l + "\n")
 		}
 	}
-	return LastLines(b.String(), 20)
+	// Enough for the shim's guest console tail (40 lines) and cube-vmm's own report of a reset or panic.
+	return LastLines(b.String(), 120)
 }
 
 // CtrFailure is the error of a benchmark's failed `ctr args` (rc, its output out, containerd's log since

@@ -3,7 +3,6 @@ package shim
 import (
 	"bufio"
 	"bytes"
-	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -140,23 +139,35 @@ func (d *daemons) templateRuntime(b *testing.B, loss *benchloss.Counter) []strin
 // cold-booted and restored from a template, until their host memory — the
 // proportional set size (PSS) of every cube-vmm and shim process — reaches a
 // fixed budget, and prints how many fit and what each costs beyond its
-// guest's own memory. Run with -benchtime 1x: the fill is the measurement.
+// guest's own memory. At the end every sandbox must still answer. A sandbox
+// that fails to start, or does not answer at the end, is a failure: counted,
+// printed with its evidence (the guest's console tail and how its VMM ended,
+// from the shim's log; the test host's memory, reclaim counters and kernel
+// log) and failing the benchmark; no sandbox is retried. Run with -benchtime
+// 1x: the fill is the measurement.
 func BenchmarkCtrDensity(b *testing.B) {
 	d := startDaemons(b)
-	b.Run("cold", func(b *testing.B) { d.density(b, benchloss.New(b), "cold", d.ColdRuntime(b)) })
+	b.Run("cold", func(b *testing.B) { d.density(b, "cold", d.ColdRuntime(b)) })
 	b.Run("template", func(b *testing.B) {
-		loss := benchloss.New(b)
-		d.density(b, loss, "template", d.templateRuntime(b, loss))
+		loss := benchloss.New(b) // the untimed probe run that makes the template only
+		args := d.templateRuntime(b, loss)
+		loss.Check(b)
+		d.density(b, "template", args)
 	})
 }
 
 // The fill of BenchmarkCtrDensity.
 const (
 	densityBudgetMiB = 1024
-	densityMaxBoxes  = 40 // a bound on the run time should the footprint be tiny
+	// A bound on the run time should the footprint be tiny: above what the template fill needs to use the
+	// budget (15.4 MiB of PSS a restored sandbox at 40 of them, so about 67).
+	densityMaxBoxes = 72
+	// The fill stops after this many sandboxes failed to start or died after they started (each is a
+	// failure already).
+	densityMaxFailures = 3
 )
 
-func (d *daemons) density(b *testing.B, loss *benchloss.Counter, name string, args []string) {
+func (d *daemons) density(b *testing.B, name string, args []string) {
 	const budgetMiB, maxBoxes = densityBudgetMiB, densityMaxBoxes
 	var ids []string
 	defer func() {
@@ -166,22 +177,28 @@ func (d *daemons) density(b *testing.B, loss *benchloss.Counter, name string, ar
 	}()
 	memBefore := memAvailableKiB()
 	var total footprint
-	stopped := "" // why the fill ended before the budget, if it did
+	var failures []string // sandboxes that failed to start or died during the fill
 	for b.Loop() {
-		total, stopped = d.fill(b, loss, name, args, &ids)
+		total, failures = d.fill(b, name, args, &ids)
 	}
 	n := len(ids)
+	if n == 0 {
+		b.Fatalf("no %s sandbox started:\n%s", name, strings.Join(failures, "\n"))
+	}
 	memDrop := memBefore - memAvailableKiB()
+	b.Logf("filled: %d sandboxes; test host: %s", n, hostFacts())
+	failed := d.answering(b, ids)
 	per := func(kib int64) float64 { return float64(kib) / 1024 / float64(n) }
 	cfg, _ := config.Parse(fmt.Appendf(nil, cubetest.ShimConfig, cubetest.CubeVMM, cubetest.GuestKernel, cubetest.GuestInitrd, d.Dir))
 	overhead := per(total.vmmOtherKiB + total.shimKiB)
 	fits := int(float64(budgetMiB) / (float64(total.totalKiB()) / 1024 / float64(n)))
 	b.ReportMetric(float64(fits), "sandboxes/GiB")
 	b.ReportMetric(overhead, "overhead-MiB/sandbox")
+	b.ReportMetric(float64(len(failures)+len(failed)), "failed-sandboxes")
 	capped := ""
 	switch {
-	case stopped != "":
-		capped = " (then " + stopped + ")"
+	case len(failures) >= densityMaxFailures:
+		capped = fmt.Sprintf(" (stopped after %d failures)", len(failures))
 	case n == maxBoxes && total.totalKiB() < budgetMiB*1024:
 		capped = " (cap reached before the budget)"
 	}
@@ -195,40 +212,81 @@ func (d *daemons) density(b *testing.B, loss *benchloss.Counter, name string, ar
 	fmt.Printf("| host overhead beyond guest memory, per sandbox | %.1f MiB |\n", overhead)
 	fmt.Printf("| host MemAvailable drop, per sandbox | %.1f MiB |\n", per(memDrop))
 	fmt.Printf("| sandboxes per %d MiB at this PSS | %d |\n", budgetMiB, fits)
-	fmt.Printf("lost VMs: %d (sandboxes whose VM was lost, removed and started again; not in the figures)\n", loss.N())
-	loss.Check(b)
+	fmt.Printf("| sandboxes that failed to start or died during the fill | %d |\n", len(failures))
+	fmt.Printf("| sandboxes answering at the end (RUNNING, `ctr task exec … true` rc 0) | %d of %d |\n", n-len(failed), n)
+	if len(failures)+len(failed) > 0 {
+		b.Errorf("%d sandboxes failed to start or died during the fill, and %d of %d did not answer at the end:\n%s", len(failures), len(failed), n,
+			strings.Join(append(failures, failed...), "\n"))
+	}
 }
 
-// fill starts idle sandboxes until their footprint reaches the budget (or the cap), and returns it and why
-// the fill ended early, if it did (a sandbox that failed to start, past the first: the fill is the measure).
-// A sandbox whose VM is lost is removed, counted and started again under a new id.
-func (d *daemons) fill(b *testing.B, loss *benchloss.Counter, name string, args []string, ids *[]string) (footprint, string) {
-	var total footprint
-	for n := 0; len(*ids) < densityMaxBoxes && total.totalKiB() < densityBudgetMiB*1024; {
-		var started string
-		err := loss.Sample(fmt.Sprintf("%s sandbox %d", name, len(*ids)+1), func() error {
-			n++
-			started = fmt.Sprintf("%s-idle%d", name, n)
-			return d.startIdle(started, args)
-		})
-		if errors.Is(err, benchloss.ErrBound) {
-			return total, "too many lost VMs"
-		}
-		if err != nil {
-			if len(*ids) == 0 {
-				b.Fatal(err)
-			}
-			// Report what fit so far, and why the next one did not.
-			stopped := fmt.Sprintf("sandbox %d failed to start: %s", len(*ids)+1, cubetest.FirstLine(err.Error()))
-			b.Log(stopped)
-			return total, stopped
-		}
-		*ids = append(*ids, started)
-		if total, err = d.measure(*ids); err != nil {
-			b.Fatal(err)
+// answering checks, after the fill, that every sandbox still runs and its guest agent still serves it: the
+// task is RUNNING in `ctr task ls` and `ctr task exec … true` ends 0. It returns one line per sandbox that
+// did not (a failure the benchmark counts; no timing is judged).
+func (d *daemons) answering(b *testing.B, ids []string) []string {
+	ls, _, _ := d.CtrQuiet(nil, "task", "ls")
+	running := map[string]bool{}
+	for _, l := range strings.Split(ls, "\n") {
+		if f := strings.Fields(l); len(f) == 3 && f[2] == "RUNNING" {
+			running[f[0]] = true
 		}
 	}
-	return total, ""
+	var failed []string
+	for i, id := range ids {
+		if !running[id] {
+			failed = append(failed, id+": not RUNNING in ctr task ls")
+			continue
+		}
+		out, rc, err := d.CtrQuiet(nil, "task", "exec", "--exec-id", fmt.Sprintf("answer%d", i), id, "true")
+		if err != nil || rc != 0 {
+			failed = append(failed, fmt.Sprintf("%s: ctr task exec true: rc %d %v: %s", id, rc, err, cubetest.LastLines(strings.TrimSpace(out), 5)))
+		}
+	}
+	if len(failed) > 0 {
+		b.Logf("test host kernel log (tail):\n%s\nconsoles of the sandboxes still on disk:\n%s", kernelLogTail(30), d.consoleTails(10))
+	}
+	return failed
+}
+
+// fill starts idle sandboxes until their footprint reaches the budget (or the cap, or densityMaxFailures
+// failures), and returns it and one line per sandbox that failed to start or died during the fill. A failed
+// sandbox is removed and logged with its evidence and the test host's state; the fill goes on under a new id.
+func (d *daemons) fill(b *testing.B, name string, args []string, ids *[]string) (footprint, []string) {
+	var total footprint
+	var failures []string
+	from := d.LogSize()
+	for n := 0; len(*ids) < densityMaxBoxes && total.totalKiB() < densityBudgetMiB*1024 && len(failures) < densityMaxFailures; {
+		n++
+		id := fmt.Sprintf("%s-idle%d", name, n)
+		t0 := time.Now()
+		if err := d.startIdle(id, args); err != nil {
+			b.Logf("%s (sandbox %d) failed after %v: %v\ntest host: %s\ntest host kernel log (tail):\n%s", id, len(*ids)+1,
+				time.Since(t0).Round(time.Millisecond), err, hostFacts(), kernelLogTail(30))
+			failures = append(failures, fmt.Sprintf("%s (sandbox %d): %s", id, len(*ids)+1, cubetest.FirstLine(err.Error())))
+			continue
+		}
+		b.Logf("%s started in %v; test host: %s", id, time.Since(t0).Round(time.Millisecond), hostFacts())
+		*ids = append(*ids, id)
+		var dead []string
+		var err error
+		if total, dead, err = d.measure(*ids); err != nil {
+			b.Fatal(err)
+		}
+		for _, id := range dead {
+			// A sandbox that ran died since: the shim logged how its VMM ended and its guest console.
+			b.Logf("%s died after it started:\nthe shim's lines about it:\n%s\ntest host: %s\ntest host kernel log (tail):\n%s", id,
+				cubetest.GrepLines(d.VMMLog(from), "sandbox="+id), hostFacts(), kernelLogTail(30))
+			failures = append(failures, id+": died after it started (its VMM ended)")
+			d.Forget(id)
+			*ids = slices.DeleteFunc(*ids, func(s string) bool { return s == id })
+		}
+		if len(dead) > 0 {
+			if total, _, err = d.measure(*ids); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	return total, failures
 }
 
 // startIdle starts sandbox id (`ctr run -d … sleep`) and lets it settle (the guest finished booting and the
@@ -262,12 +320,12 @@ type footprint struct {
 
 func (f footprint) totalKiB() int64 { return f.guestKiB + f.vmmOtherKiB + f.shimKiB }
 
-// measure reads the PSS of each sandbox's cube-vmm (the task pid) and of its
-// shim (cube-vmm's parent: the shim forks it).
-func (d *daemons) measure(ids []string) (footprint, error) {
+// measure reads the PSS of each sandbox's cube-vmm (the task pid) and of its shim (cube-vmm's parent: the
+// shim forks it), over the sandboxes still running, and returns the ones that are not (their VMM ended).
+func (d *daemons) measure(ids []string) (footprint, []string, error) {
 	out, rc, err := d.CtrQuiet(nil, "task", "ls")
 	if err != nil || rc != 0 {
-		return footprint{}, fmt.Errorf("ctr task ls: rc %d %v", rc, err)
+		return footprint{}, nil, fmt.Errorf("ctr task ls: rc %d %v", rc, err)
 	}
 	pids := map[string]int{}
 	for _, l := range strings.Split(out, "\n")[1:] {
@@ -276,28 +334,34 @@ func (d *daemons) measure(ids []string) (footprint, error) {
 		}
 	}
 	var fp footprint
+	var dead []string
 	for _, id := range ids {
 		pid, ok := pids[id]
 		if !ok {
-			return fp, fmt.Errorf("sandbox %s is not running:\n%s", id, out)
+			dead = append(dead, id)
+			continue
 		}
 		guest, other, err := vmmPSS(pid)
 		if err != nil {
-			return fp, err
+			if !processExists(pid) { // it died since ctr task ls
+				dead = append(dead, id)
+				continue
+			}
+			return fp, nil, err
 		}
 		ppid, err := parentPid(pid)
 		if err != nil {
-			return fp, err
+			return fp, nil, err
 		}
 		_, shim, err := smapsPSS(ppid, func(int64) bool { return false })
 		if err != nil {
-			return fp, err
+			return fp, nil, err
 		}
 		fp.guestKiB += guest
 		fp.vmmOtherKiB += other
 		fp.shimKiB += shim
 	}
-	return fp, nil
+	return fp, dead, nil
 }
 
 // vmmPSS splits cube-vmm's PSS into its guest-memory mapping (a mapping of
@@ -333,6 +397,11 @@ func smapsPSS(pid int, match func(sizeKiB int64) bool) (matched, rest int64, err
 		}
 	}
 	return matched, rest, sc.Err()
+}
+
+func processExists(pid int) bool {
+	_, err := os.Stat(fmt.Sprintf("/proc/%d", pid))
+	return err == nil
 }
 
 func parentPid(pid int) (int, error) {

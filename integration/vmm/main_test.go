@@ -34,10 +34,13 @@ var devicesModules = []string{"virtio_pci", "virtio_blk", "virtio_rng", "vmw_vso
 // bootMarker is what the marker guest's /init prints first thing in userspace.
 const bootMarker = "CUBE-BOOT-MARKER"
 
-// The marker guest's /init: announce userspace, then power off.
+// The marker guest's /init: announce userspace, then power off — or, with cube_hold=1 on the kernel command
+// line (the kernel hands such parameters to /init as environment variables), stay up, so that the boot's KVM
+// counters can still be read (bootBreakdown).
 const markerInit = `#!/bin/busybox sh
 /bin/busybox mount -t devtmpfs dev /dev 2>/dev/null
 echo ` + bootMarker + ` >/dev/console
+[ -n "$cube_hold" ] && /bin/busybox sleep 600
 /bin/busybox poweroff -f
 `
 

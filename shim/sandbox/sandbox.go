@@ -236,6 +236,7 @@ func (s *Sandbox) supervise() {
 	s.mu.Unlock()
 	if !stopping {
 		s.o.Log.WithField("status", s.o.VMM.Exit().describe()).Error("vmm exited unexpectedly")
+		s.logConsoleTail("its vmm exited unexpectedly")
 	}
 	s.teardown(!stopping)
 }

@@ -35,6 +35,8 @@ func (s *Sandbox) Start(ctx context.Context, firstImage, firstOwner string) (ret
 	}
 	defer func() {
 		if retErr != nil {
+			// Ordering: before teardown removes the state dir and the console log with it.
+			s.logConsoleTail("the sandbox failed to start")
 			s.teardown(false)
 		}
 	}()
