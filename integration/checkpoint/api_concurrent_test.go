@@ -241,17 +241,11 @@ func vmmStates(log string) string {
 
 // shimIDOf is the -id of process pid's parent (a cube-vmm's shim), or "".
 func shimIDOf(pid int) string {
-	stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	s := string(stat)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
+	st, ok := cubetest.ReadStat(fmt.Sprintf("/proc/%d/stat", pid))
+	if !ok {
 		return ""
 	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 2 {
-		return ""
-	}
-	cmd, _ := os.ReadFile("/proc/" + f[1] + "/cmdline")
+	cmd, _ := os.ReadFile("/proc/" + st.PPID + "/cmdline")
 	args := strings.Split(string(cmd), "\x00")
 	for i, a := range args {
 		if a == "-id" && i+1 < len(args) {

@@ -30,6 +30,35 @@ func ProcsNamed(name string) []int {
 	return pids
 }
 
+// ThreadStat is what a hang report reads of /proc/…/stat.
+type ThreadStat struct {
+	Comm, State  string
+	PPID         string
+	UTime, STime int // clock ticks
+}
+
+// ReadStat parses the stat file at path ("pid (comm) S ppid … utime(14)
+// stime(15)"; comm may hold spaces and parentheses).
+func ReadStat(path string) (ThreadStat, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ThreadStat{}, false
+	}
+	s := string(b)
+	i, j := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+	if i < 0 || j < i {
+		return ThreadStat{}, false
+	}
+	f := strings.Fields(s[j+1:])
+	if len(f) < 13 {
+		return ThreadStat{}, false
+	}
+	st := ThreadStat{Comm: s[i+1 : j], State: f[0], PPID: f[1]}
+	fmt.Sscan(f[11], &st.UTime)
+	fmt.Sscan(f[12], &st.STime)
+	return st, true
+}
+
 // ProcThreads describes process pid's threads for a hang report: each
 // thread's name, state (R running, S sleeping, D in the kernel
 // uninterruptibly) and the kernel function it waits in, and its CPU time.
@@ -41,20 +70,12 @@ func ProcThreads(pid int) string {
 	}
 	var b strings.Builder
 	for _, e := range ents {
-		stat, _ := os.ReadFile(filepath.Join(dir, e.Name(), "stat"))
+		st, ok := ReadStat(filepath.Join(dir, e.Name(), "stat"))
+		if !ok {
+			continue
+		}
 		wchan, _ := os.ReadFile(filepath.Join(dir, e.Name(), "wchan"))
-		// stat: "tid (comm) S ppid … utime(14) stime(15)": comm may hold spaces.
-		s := string(stat)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		comm := s[strings.IndexByte(s, '(')+1 : i]
-		f := strings.Fields(s[i+1:])
-		if len(f) < 13 {
-			continue
-		}
-		fmt.Fprintf(&b, " %s[%s %s %s+%st]", comm, f[0], string(wchan), f[11], f[12])
+		fmt.Fprintf(&b, " %s[%s %s %d+%dt]", st.Comm, st.State, string(wchan), st.UTime, st.STime)
 	}
 	return b.String()
 }
@@ -78,26 +99,16 @@ func BusyThreads() string {
 		total := 0
 		pname := ""
 		for _, t := range tasks {
-			stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "task", t.Name(), "stat"))
-			s := string(stat)
-			i := strings.LastIndexByte(s, ')')
-			if i < 0 {
+			st, ok := ReadStat(filepath.Join("/proc", e.Name(), "task", t.Name(), "stat"))
+			if !ok {
 				continue
 			}
-			comm := s[strings.IndexByte(s, '(')+1 : i]
-			f := strings.Fields(s[i+1:])
-			if len(f) < 13 {
-				continue
-			}
-			var ut, st int
-			fmt.Sscan(f[11], &ut)
-			fmt.Sscan(f[12], &st)
-			total += ut + st
+			total += st.UTime + st.STime
 			if pname == "" {
-				pname = e.Name() + " " + comm
+				pname = e.Name() + " " + st.Comm
 			}
-			if f[0] == "R" || f[0] == "D" {
-				busy = append(busy, fmt.Sprintf("%s/%s %s %s (%d+%dt)", e.Name(), t.Name(), comm, f[0], ut, st))
+			if st.State == "R" || st.State == "D" {
+				busy = append(busy, fmt.Sprintf("%s/%s %s %s (%d+%dt)", e.Name(), t.Name(), st.Comm, st.State, st.UTime, st.STime))
 			}
 		}
 		top = append(top, proc{pname, total})
