@@ -75,11 +75,9 @@ func (r *restored) startRestored(paused bool, sets diskPathFlags) error {
 	}
 	slices.Sort(serials)
 	for _, serial := range serials {
-		if _, err := r.m.SetDisk(serial, sets[serial]); err != nil {
+		if _, err := setDiskPath(r.m, r.cfg.Disks, serial, sets[serial], false); err != nil {
 			return fmt.Errorf("-disk-set: %w", err)
 		}
-		i := slices.IndexFunc(r.cfg.Disks, func(d Disk) bool { return d.Serial == serial })
-		r.cfg.Disks[i].Path = sets[serial] // what a later snapshot of this VM records
 	}
 	if !paused {
 		if err := r.m.Resume(); err != nil {

@@ -76,17 +76,28 @@ func newTarget(m *machine.Machine, cfg Config, comps func() (snapshot.Components
 func (t *snapTarget) SetDisk(serial, path string, readOnly bool) (*control.DiskSetResult, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	sectors, err := t.m.SetDiskMode(serial, path, readOnly)
+	sectors, err := setDiskPath(t.m, t.cfg.Disks, serial, path, readOnly)
 	if err != nil {
 		return nil, err
 	}
-	for i := range t.cfg.Disks {
-		if t.cfg.Disks[i].Serial == serial {
-			t.cfg.Disks[i].Path = path
+	return &control.DiskSetResult{Serial: serial, Path: path, Sectors: sectors}, nil
+}
+
+// setDiskPath re-points the drive with serial at path and records the path
+// in disks: a later snapshot's configuration (what its restore attaches)
+// then names the file the drive has now.
+func setDiskPath(m *machine.Machine, disks []Disk, serial, path string, readOnly bool) (uint64, error) {
+	sectors, err := m.SetDiskMode(serial, path, readOnly)
+	if err != nil {
+		return 0, err
+	}
+	for i := range disks {
+		if disks[i].Serial == serial {
+			disks[i].Path = path
 			break
 		}
 	}
-	return &control.DiskSetResult{Serial: serial, Path: path, Sectors: sectors}, nil
+	return sectors, nil
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

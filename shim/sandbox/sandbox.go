@@ -291,6 +291,15 @@ func (s *Sandbox) teardown(unexpected bool) {
 	close(s.done)
 }
 
+// mountRootfs mounts the rootfs disk in slot serial in the guest and logs
+// "rootfs attached" with steps (which may hold earlier steps of the attach).
+func (s *Sandbox) mountRootfs(ctx context.Context, agent AgentClient, containerID, serial string, steps *Steps) (string, error) {
+	mp, err := agent.MountDisk(ctx, MountDiskRequest{Serial: serial, FSType: "ext4"})
+	steps.Mark("mount")
+	s.o.Log.WithFields(logrus.Fields{"container": containerID, "serial": serial, "steps_ms": steps.String()}).Info("rootfs attached")
+	return mp, err
+}
+
 // AttachRootfs gives containerID's rootfs image to the guest and mounts it
 // there; it returns the guest mount point. The container that booted the VM
 // already owns slot 0.
@@ -341,9 +350,7 @@ func (s *Sandbox) AttachRootfs(ctx context.Context, containerID, image string) (
 		}
 		steps.Mark("disk-set")
 	}
-	mp, err := agent.MountDisk(ctx, MountDiskRequest{Serial: serial, FSType: "ext4"})
-	steps.Mark("mount")
-	s.o.Log.WithFields(logrus.Fields{"container": containerID, "serial": serial, "steps_ms": steps.String()}).Info("rootfs attached")
+	mp, err := s.mountRootfs(ctx, agent, containerID, serial, steps)
 	if err != nil {
 		if fresh {
 			_ = s.o.VMM.SetDisk(ctx, serial, s.slots[idx].stub, false)

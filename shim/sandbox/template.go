@@ -141,10 +141,7 @@ func (s *Sandbox) freshenAndMount(ctx context.Context, agent AgentClient) error 
 	}
 	done := make(chan mounted, 1)
 	go func() {
-		steps := NewSteps(time.Now())
-		mp, err := agent.MountDisk(ctx, MountDiskRequest{Serial: sl.serial, FSType: "ext4"})
-		steps.Mark("mount")
-		s.o.Log.WithFields(logrus.Fields{"container": sl.owner, "serial": sl.serial, "steps_ms": steps.String()}).Info("rootfs attached")
+		mp, err := s.mountRootfs(ctx, agent, sl.owner, sl.serial, NewSteps(time.Now()))
 		done <- mounted{mp, err}
 	}()
 	err := freshenRestoredGuest(ctx, agent)
