@@ -1,0 +1,156 @@
+package shim
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cube-runtime/cube/integration/benchloss"
+	"github.com/cube-runtime/cube/integration/cubetest"
+)
+
+// BenchmarkFirstTouch: what a sandbox restored from a template pays for
+// guest memory that the restore has not mapped yet. For io.cube.v1 cold and
+// from a template it starts one sandbox (`ctr run -d … sleep`), then runs
+// `ctr task exec … true` three times in it, timing each and reading the VM's
+// KVM counters in the test host (debugfs, /sys/kernel/debug/kvm/PID-FD/)
+// before and after. A restored VM's guest memory is a lazy MAP_PRIVATE
+// mapping of the template's file: every page the guest touches for the first
+// time after the restore costs a nested page fault (pf_taken), which a
+// cold-booted VM paid during its boot. The table says how many the create
+// path and each exec took, and what the first exec costs over the third.
+// Diagnostics: no pass/fail on the figures; -benchtime is ignored (one
+// sandbox per variant).
+func BenchmarkFirstTouch(b *testing.B) {
+	d := startDaemons(b)
+	umount := mountDebugfs(b)
+	defer umount()
+	type row struct {
+		name   string
+		run    time.Duration
+		runC   map[string]int64
+		execs  []time.Duration
+		execCs []map[string]int64
+	}
+	var rows []row
+	variant := func(name string, args []string) {
+		id := "ft-" + name
+		before := cubetest.ProcsNamed("cube-vmm")
+		from := d.LogSize()
+		start := time.Now()
+		out, rc, err := d.CtrQuiet(nil, append(append(append([]string{"run", "-d"}, args...), cubetest.ImageRef, id), "sleep", "3600")...)
+		took := time.Since(start)
+		if err != nil || rc != 0 {
+			d.Forget(id)
+			b.Fatalf("%s: ctr run -d: rc %d %v\n%s", name, rc, err, out)
+		}
+		defer d.Forget(id)
+		// The run's info lines (containerd's, the shim's, cube-vmm's), to
+		// see what happened before the shim's Create began.
+		b.Logf("%s: ctr run -d started %s, took %v; its log:\n%s", name, start.UTC().Format(time.RFC3339Nano), took,
+			cubetest.LastLines(cubetest.GrepLines(d.LogFrom(from), "level=info"), 120))
+		dir, err := vmDebugDir(before)
+		if err != nil {
+			b.Fatalf("%s: %v", name, err)
+		}
+		r := row{name: name, run: took, runC: kvmStats(dir)}
+		prev := r.runC
+		for i := 1; i <= 3; i++ {
+			start := time.Now()
+			out, rc, err := d.CtrQuiet(nil, "task", "exec", "--exec-id", fmt.Sprintf("e%d", i), id, "true")
+			took := time.Since(start)
+			if err != nil || rc != 0 {
+				b.Fatalf("%s: exec %d: rc %d %v\n%s", name, i, rc, err, out)
+			}
+			now := kvmStats(dir)
+			r.execs = append(r.execs, took)
+			r.execCs = append(r.execCs, diffStats(now, prev))
+			prev = now
+		}
+		rows = append(rows, r)
+	}
+	b.Run("cold", func(b *testing.B) { variant("cold", d.ColdRuntime(b)) })
+	b.Run("template", func(b *testing.B) {
+		// The probe run makes the template (untimed), so the measured
+		// sandbox is a restore.
+		variant("template", d.templateRuntime(b, benchloss.New(b)))
+	})
+	fmt.Printf("\nOne sandbox each: `ctr run -d` then `ctr task exec … true` ×3; KVM counters of its VM (test host debugfs)\n\n")
+	fmt.Printf("| variant | step | took | exits | nested page faults (pf_taken) | pf_fixed |\n|---|---|---|---|---|---|\n")
+	for _, r := range rows {
+		fmt.Printf("| %s | ctr run -d (VM total) | %v | %d | %d | %d |\n", r.name, r.run.Round(time.Millisecond),
+			r.runC["exits"], r.runC["pf_taken"], r.runC["pf_fixed"])
+		for i, e := range r.execs {
+			c := r.execCs[i]
+			fmt.Printf("| %s | exec %d | %v | %d | %d | %d |\n", r.name, i+1, e.Round(time.Millisecond), c["exits"], c["pf_taken"], c["pf_fixed"])
+		}
+		if len(r.execs) == 3 {
+			dpf := r.execCs[0]["pf_taken"] - r.execCs[2]["pf_taken"]
+			dt := r.execs[0] - r.execs[2]
+			per := "–"
+			if dpf > 0 {
+				per = fmt.Sprintf("%.0f µs", float64(dt.Microseconds())/float64(dpf))
+			}
+			fmt.Printf("%s: exec 1 − exec 3 = %v for %d more nested page faults (%s each)\n", r.name, dt.Round(time.Millisecond), dpf, per)
+		}
+	}
+}
+
+// mountDebugfs mounts debugfs in the test host if it is not, and returns
+// what undoes that.
+func mountDebugfs(b *testing.B) func() {
+	if _, err := os.Stat("/sys/kernel/debug/kvm"); err == nil {
+		return func() {}
+	}
+	if err := syscall.Mount("debugfs", "/sys/kernel/debug", "debugfs", 0, ""); err != nil {
+		b.Fatalf("mount debugfs (for KVM counters): %v", err)
+	}
+	return func() { syscall.Unmount("/sys/kernel/debug", 0) }
+}
+
+// vmDebugDir is the debugfs directory of the one KVM VM whose cube-vmm was
+// not among before.
+func vmDebugDir(before []int) (string, error) {
+	var fresh []int
+	for _, p := range cubetest.ProcsNamed("cube-vmm") {
+		if !slices.Contains(before, p) {
+			fresh = append(fresh, p)
+		}
+	}
+	if len(fresh) != 1 {
+		return "", fmt.Errorf("want one new cube-vmm, found %v (before: %v)", fresh, before)
+	}
+	dirs, _ := filepath.Glob(fmt.Sprintf("/sys/kernel/debug/kvm/%d-*", fresh[0]))
+	if len(dirs) != 1 {
+		return "", fmt.Errorf("cube-vmm %d: want one KVM debugfs directory, found %v", fresh[0], dirs)
+	}
+	return dirs[0], nil
+}
+
+func kvmStats(dir string) map[string]int64 {
+	m := map[string]int64{}
+	for _, k := range []string{"exits", "pf_taken", "pf_fixed"} {
+		b, err := os.ReadFile(filepath.Join(dir, k))
+		if err != nil {
+			continue
+		}
+		if v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+func diffStats(now, prev map[string]int64) map[string]int64 {
+	m := map[string]int64{}
+	for k, v := range now {
+		m[k] = v - prev[k]
+	}
+	return m
+}
