@@ -74,6 +74,9 @@ func BenchmarkFirstTouch(b *testing.B) {
 			prev = now
 		}
 		rows = append(rows, r)
+		// The guest's side (the agent logs to the console): what the
+		// restore, the mount and the create took in there.
+		b.Logf("%s: console tail:\n%s", name, d.consoleTails(80))
 	}
 	b.Run("cold", func(b *testing.B) { variant("cold", d.ColdRuntime(b)) })
 	b.Run("template", func(b *testing.B) {
