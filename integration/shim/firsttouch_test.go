@@ -34,6 +34,7 @@ func BenchmarkFirstTouch(b *testing.B) {
 	type row struct {
 		name   string
 		run    time.Duration
+		cpu    map[string]int64 // ticks used during ctr run -d, by process name; "busy": the whole test host
 		runC   map[string]int64
 		execs  []time.Duration
 		execCs []map[string]int64
@@ -43,9 +44,11 @@ func BenchmarkFirstTouch(b *testing.B) {
 		id := "ft-" + name
 		before := cubetest.ProcsNamed("cube-vmm")
 		from := d.LogSize()
+		cpu0 := cpuTicks()
 		start := time.Now()
 		out, rc, err := d.CtrQuiet(nil, append(append(append([]string{"run", "-d"}, args...), cubetest.ImageRef, id), "sleep", "3600")...)
 		took := time.Since(start)
+		cpu := diffStats(cpuTicks(), cpu0)
 		if err != nil || rc != 0 {
 			d.Forget(id)
 			b.Fatalf("%s: ctr run -d: rc %d %v\n%s", name, rc, err, out)
@@ -55,11 +58,14 @@ func BenchmarkFirstTouch(b *testing.B) {
 		// see what happened before the shim's Create began.
 		b.Logf("%s: ctr run -d started %s, took %v; its log:\n%s", name, start.UTC().Format(time.RFC3339Nano), took,
 			cubetest.LastLines(cubetest.GrepLines(d.LogFrom(from), "level=info"), 120))
-		dir, err := vmDebugDir(before)
-		if err != nil {
-			b.Fatalf("%s: %v", name, err)
+		r := row{name: name, run: took, cpu: cpu}
+		dir := ""
+		if name != "runc" {
+			if dir, err = vmDebugDir(before); err != nil {
+				b.Fatalf("%s: %v", name, err)
+			}
+			r.runC = kvmStats(dir)
 		}
-		r := row{name: name, run: took, runC: kvmStats(dir)}
 		prev := r.runC
 		for i := 1; i <= 3; i++ {
 			start := time.Now()
@@ -68,7 +74,10 @@ func BenchmarkFirstTouch(b *testing.B) {
 			if err != nil || rc != 0 {
 				b.Fatalf("%s: exec %d: rc %d %v\n%s", name, i, rc, err, out)
 			}
-			now := kvmStats(dir)
+			now := map[string]int64{}
+			if dir != "" {
+				now = kvmStats(dir)
+			}
 			r.execs = append(r.execs, took)
 			r.execCs = append(r.execCs, diffStats(now, prev))
 			prev = now
@@ -84,6 +93,19 @@ func BenchmarkFirstTouch(b *testing.B) {
 		// sandbox is a restore.
 		variant("template", d.templateRuntime(b, benchloss.New(b)))
 	})
+	b.Run("runc", func(b *testing.B) { variant("runc", cubetest.RuncRuntime.Args) })
+	fmt.Printf("\nCPU time the test host spent during `ctr run -d` (ms; per process name, children it reaped included):\n\n")
+	names := []string{"containerd", "cube-snapshotte", "containerd-shim", "cube-vmm"}
+	fmt.Printf("| variant | wall | test host busy | %s | other |\n|---|---|---|%s---|\n", strings.Join(names, " | "), strings.Repeat("---|", len(names)))
+	for _, r := range rows {
+		fmt.Printf("| %s | %v | %d |", r.name, r.run.Round(time.Millisecond), r.cpu["busy"]*10)
+		other := r.cpu["busy"]
+		for _, n := range names {
+			fmt.Printf(" %d |", r.cpu[n]*10)
+			other -= r.cpu[n]
+		}
+		fmt.Printf(" %d |\n", other*10)
+	}
 	fmt.Printf("\nOne sandbox each: `ctr run -d` then `ctr task exec … true` ×3; KVM counters of its VM (test host debugfs)\n\n")
 	fmt.Printf("| variant | step | took | exits | nested page faults (pf_taken) | pf_fixed |\n|---|---|---|---|---|---|\n")
 	for _, r := range rows {
@@ -103,6 +125,48 @@ func BenchmarkFirstTouch(b *testing.B) {
 			fmt.Printf("%s: exec 1 − exec 3 = %v for %d more nested page faults (%s each)\n", r.name, dt.Round(time.Millisecond), dpf, per)
 		}
 	}
+}
+
+// cpuTicks is the CPU time (clock ticks: user, system and that of reaped
+// children) of the test host's processes summed by name (comm), and under
+// "busy" the whole test host's busy time from /proc/stat.
+func cpuTicks() map[string]int64 {
+	m := map[string]int64{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		st := string(b)
+		i, j := strings.IndexByte(st, '('), strings.LastIndexByte(st, ')')
+		if i < 0 || j < i {
+			continue
+		}
+		f := strings.Fields(st[j+1:])
+		if len(f) < 15 {
+			continue
+		}
+		for _, k := range f[11:15] {
+			v, _ := strconv.ParseInt(k, 10, 64)
+			m[st[i+1:j]] += v
+		}
+	}
+	if b, err := os.ReadFile("/proc/stat"); err == nil {
+		line, _, _ := strings.Cut(string(b), "\n")
+		f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal …
+		for k, v := range f[1:] {
+			if k == 3 || k == 4 || k > 7 {
+				continue // idle, iowait; guest time is in user already
+			}
+			n, _ := strconv.ParseInt(v, 10, 64)
+			m["busy"] += n
+		}
+	}
+	return m
 }
 
 // mountDebugfs mounts debugfs in the test host if it is not, and returns
