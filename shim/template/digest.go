@@ -3,10 +3,8 @@ package template
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,48 +19,61 @@ var lookPath = exec.LookPath
 // saves on a slow host, so the digest is kept in cacheDir under the path's
 // hash with the file's device, inode, size, mtime and ctime, and reused
 // while those are unchanged (a rewrite in place changes mtime and ctime; a
-// replacement changes the inode).
-func fileDigest(cacheDir, path string) (string, error) {
+// replacement changes the inode). A digest computed now comes back with
+// the cache entry to save (nil on a hit): saveDigests writes them once
+// every file of a key was found.
+func fileDigest(cacheDir, path string) (string, *digestEntry, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	f, err := os.Open(abs)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	if !st.Mode().IsRegular() {
-		return "", fmt.Errorf("%s is not a regular file", abs)
+		return "", nil, fmt.Errorf("%s is not a regular file", abs)
 	}
 	stamp := statStamp(st)
 	ph := sha256.Sum256([]byte(abs))
 	entry := filepath.Join(cacheDir, hex.EncodeToString(ph[:12]))
 	if b, err := os.ReadFile(entry); err == nil {
 		if s, d, ok := strings.Cut(strings.TrimSpace(string(b)), " digest="); ok && s == stamp && len(d) == 64 {
-			return d, nil
+			return d, nil, nil
 		}
 	}
 	h := sha256.New()
 	if _, err := io.Copy(h, f); err != nil {
-		return "", fmt.Errorf("read %s: %w", abs, err)
+		return "", nil, fmt.Errorf("read %s: %w", abs, err)
 	}
 	d := hex.EncodeToString(h.Sum(nil))
 	// Ordering: the stamp is the one taken before reading; a file changed
 	// while being read gets a new ctime and is hashed again next time.
-	// The cache lives in the template root, which Key does not create (a
-	// shim whose config names missing files must not leave a root behind).
-	if err := os.Mkdir(cacheDir, 0o700); err == nil || errors.Is(err, fs.ErrExist) {
-		tmp := fmt.Sprintf("%s.%d", entry, os.Getpid())
-		if os.WriteFile(tmp, []byte(stamp+" digest="+d+"\n"), 0o600) == nil {
-			_ = os.Rename(tmp, entry)
+	return d, &digestEntry{path: entry, line: stamp + " digest=" + d + "\n"}, nil
+}
+
+// digestEntry is a digest cache file to write.
+type digestEntry struct{ path, line string }
+
+// saveDigests writes cache entries into cacheDir, making it (and the
+// template root it is in) if needed. Key calls it only once every file was
+// found: a shim whose config names missing files leaves no root behind.
+// The cache is an optimisation: failures to write it are ignored.
+func saveDigests(cacheDir string, entries []*digestEntry) {
+	if len(entries) == 0 || os.MkdirAll(cacheDir, 0o700) != nil {
+		return
+	}
+	for _, e := range entries {
+		tmp := fmt.Sprintf("%s.%d", e.path, os.Getpid())
+		if os.WriteFile(tmp, []byte(e.line), 0o600) == nil {
+			_ = os.Rename(tmp, e.path)
 		}
 	}
-	return d, nil
 }
 
 func statStamp(st os.FileInfo) string {

@@ -101,17 +101,26 @@ func (c *Cache) Key(shape Shape) (string, Meta, error) {
 	files := []struct{ role, path string }{{"vmm", vmm}, {"kernel", shape.Kernel}, {"initrd", shape.Initrd}}
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\n", Version)
+	cacheDir := filepath.Join(c.Root, ".digests")
+	var fresh []*digestEntry
 	for _, f := range files {
 		d := ""
 		if f.path != "" {
-			var err error
-			if d, err = fileDigest(filepath.Join(c.Root, ".digests"), f.path); err != nil {
+			var (
+				e   *digestEntry
+				err error
+			)
+			if d, e, err = fileDigest(cacheDir, f.path); err != nil {
 				return "", m, fmt.Errorf("template key: %s: %w", f.role, err)
+			}
+			if e != nil {
+				fresh = append(fresh, e)
 			}
 			m.Digests[f.role] = d
 		}
 		fmt.Fprintf(h, "%s=%s\n", f.role, d)
 	}
+	saveDigests(cacheDir, fresh)
 	fmt.Fprintf(h, "cmdline=%q\nmemory_mib=%d\nvcpus=%d\ndisk_slots=%d\nnics=%d\n", shape.Cmdline, shape.MemoryMiB, shape.VCPUs, shape.DiskSlots, shape.NICs)
 	m.Key = hex.EncodeToString(h.Sum(nil)[:16])
 	return m.Key, m, nil

@@ -235,3 +235,38 @@ func TestRemove(t *testing.T) {
 		t.Fatalf("after rm: %v (%d builds)", err, f.builds.Load())
 	}
 }
+
+// The first Key of a fresh root caches its digests (the next shim does not
+// hash the files again), and a Key that fails on a missing file leaves no
+// root behind.
+func TestKeyCachesDigestsFromTheFirstCall(t *testing.T) {
+	f := newFixture(t)
+	c := f.cache()
+	bad := f.shape
+	bad.Initrd = bad.Initrd + ".missing"
+	if _, _, err := c.Key(bad); err == nil {
+		t.Fatal("missing initrd: no error")
+	}
+	if _, err := os.Stat(c.Root); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a failed Key left the template root: %v", err)
+	}
+	_, m, err := c.Key(f.shape)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir(filepath.Join(c.Root, ".digests"))
+	if err != nil || len(ents) != 3 {
+		t.Fatalf("digest cache after the first Key: %d entries, %v", len(ents), err)
+	}
+	// A hit is the cached digest, not the file's: plant one and see it used.
+	planted := strings.Repeat("ab", 32)
+	for _, e := range ents {
+		p := filepath.Join(c.Root, ".digests", e.Name())
+		b, _ := os.ReadFile(p)
+		line := strings.Replace(string(b), m.Digests["kernel"], planted, 1)
+		os.WriteFile(p, []byte(line), 0o600)
+	}
+	if _, m2, _ := c.Key(f.shape); m2.Digests["kernel"] != planted {
+		t.Fatalf("second Key hashed the kernel again (%s), not the cached digest", m2.Digests["kernel"])
+	}
+}
