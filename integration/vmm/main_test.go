@@ -66,7 +66,7 @@ func TestMain(m *testing.M) {
 	}
 	code := testhost.RunMain(m, testhost.Options{
 		Env:     envs,
-		Timeout: 25 * time.Minute, // BenchmarkCubeVMMVsQEMU: 7 VMMs × BOOT_RUNS boots, then 4 held boots
+		Timeout: 25 * time.Minute,                                // BenchmarkCubeVMMVsQEMU: 7 VMMs × BOOT_RUNS boots, then 4 held boots
 		Tools:   []string{"qemu-system-x86_64", "socat", "runc"}, // runc: the net benchmark's native baseline
 		Modules: []string{"tun", "veth"},                         // taps for TestGuestNet and the net benchmark; its veth
 		Files:   files,
