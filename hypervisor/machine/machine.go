@@ -41,6 +41,11 @@ type Config struct {
 	MemoryMiB int // default 256
 	VCPUs     int // default 1
 	HugePages bool
+	// HugeTLB takes guest RAM from the 2 MiB hugetlb pool (reserved up
+	// front; New fails if the pool is short). It overrides HugePages and
+	// needs an even MemoryMiB. A boot's only: a restore maps the
+	// snapshot's file.
+	HugeTLB bool
 	// Console receives the serial console (nil: discarded; the tail is
 	// still kept for Exit.ConsoleTail). ConsoleInput, if set, is fed to
 	// the guest.
@@ -98,7 +103,21 @@ func (c *Config) Validate() error {
 	if c.VCPUs < 1 || c.VCPUs > 254 {
 		return fmt.Errorf("%d vCPUs not in 1..254", c.VCPUs)
 	}
+	if c.HugeTLB && c.MemoryMiB%2 != 0 {
+		return fmt.Errorf("memory %d MiB with hugetlb: must be a whole number of 2 MiB pages (an even number of MiB)", c.MemoryMiB)
+	}
 	return nil
+}
+
+// ramBacking names how a boot's guest RAM is backed, for the log.
+func ramBacking(c Config) string {
+	switch {
+	case c.HugeTLB:
+		return "hugetlb-2M"
+	case c.HugePages:
+		return "thp"
+	}
+	return "4k"
 }
 
 // State is the machine's lifecycle state.
@@ -232,7 +251,7 @@ func New(cfg Config) (_ *Machine, err error) {
 	}
 
 	ram := memory.X86Layout(uint64(cfg.MemoryMiB) << 20)
-	if m.mem, err = memory.New(ram, memory.Options{HugePages: cfg.HugePages}); err != nil {
+	if m.mem, err = memory.New(ram, memory.Options{HugePages: cfg.HugePages, HugeTLB: cfg.HugeTLB}); err != nil {
 		return nil, err
 	}
 	for i, r := range m.mem.Regions() {
@@ -256,7 +275,7 @@ func New(cfg Config) (_ *Machine, err error) {
 	if err := m.addBootVCPUs(loaded); err != nil {
 		return nil, err
 	}
-	m.log.WithFields(logrus.Fields{"memory_mib": cfg.MemoryMiB, "vcpus": cfg.VCPUs, "entry": fmt.Sprintf("%#x", loaded.Entry),
+	m.log.WithFields(logrus.Fields{"memory_mib": cfg.MemoryMiB, "ram": ramBacking(cfg), "vcpus": cfg.VCPUs, "entry": fmt.Sprintf("%#x", loaded.Entry),
 		"initrd": fmt.Sprintf("%#x+%d", loaded.InitrdAddr, len(initrd)), "took": time.Since(t0).String()}).Debug("machine built")
 	return m, nil
 }

@@ -51,6 +51,14 @@ type Options struct {
 	Private bool
 	// HugePages asks for transparent huge pages (anonymous memory only).
 	HugePages bool
+	// HugeTLB backs anonymous memory with 2 MiB pages from the kernel's
+	// hugetlb pool (MAP_HUGETLB): KVM then maps the guest with 2 MiB
+	// nested pages from the first touch, and neither compaction nor
+	// khugepaged moves them. The pages are reserved when mapped (New
+	// fails if the pool is short; see hugetlb.go), never swapped, never
+	// shared. Every range must be a multiple of 2 MiB. It overrides
+	// HugePages and cannot go with File.
+	HugeTLB bool
 }
 
 // Region is one mapped range.
@@ -71,6 +79,11 @@ var ErrOutOfBounds = errors.New("guest memory access out of bounds")
 // New maps the given ranges. Ranges must be page aligned, sorted and
 // non-overlapping.
 func New(ranges []Range, opt Options) (*Memory, error) {
+	if opt.HugeTLB {
+		if err := checkHugeTLB(ranges, opt); err != nil {
+			return nil, err
+		}
+	}
 	m := &Memory{}
 	var fileOff int64
 	var prevEnd uint64
@@ -97,6 +110,12 @@ func New(ranges []Range, opt Options) (*Memory, error) {
 			}
 			host, err = unix.Mmap(int(opt.File.Fd()), fileOff, int(r.Size), unix.PROT_READ|unix.PROT_WRITE, flags|unix.MAP_NORESERVE)
 			fileOff += int64(r.Size)
+		} else if opt.HugeTLB {
+			host, err = mmapHugeTLB(int(r.Size))
+			if errors.Is(err, unix.ENOMEM) {
+				m.Close()
+				return nil, hugeTLBShort(ranges, readHugePool(hugePoolDir), err)
+			}
 		} else if opt.HugePages {
 			host, err = mmapHuge(int(r.Size))
 		} else {

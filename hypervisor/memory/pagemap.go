@@ -18,7 +18,9 @@ const (
 // swapped out. For anonymous private memory a clear bit is a page nothing
 // ever wrote (it reads as zero), so a full snapshot can skip it without
 // reading it — reading would fault it in. It is wrong for file-backed
-// memory, whose unfaulted pages hold the file's data.
+// memory, whose unfaulted pages hold the file's data. Hugetlb memory is
+// reported per 4 KiB too: every page of a 2 MiB page the guest touched is
+// set.
 func PopulatedPages(host []byte) ([]uint64, error) {
 	if len(host) == 0 {
 		return nil, nil

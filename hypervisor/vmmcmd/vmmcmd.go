@@ -67,6 +67,11 @@ type Config struct {
 	// omitted when off, so a configuration without it records what it
 	// did before.
 	VMGenID bool `toml:"vmgenid" json:"VMGenID,omitempty"`
+	// HugeTLB takes guest RAM from the kernel's 2 MiB hugetlb pool
+	// (overrides HugePages). Default off; omitted when off, so a
+	// configuration without it records what it did before. A restore
+	// ignores it: it maps the snapshot's memory file with small pages.
+	HugeTLB bool `toml:"hugetlb" json:"HugeTLB,omitempty"`
 }
 
 // Disk is one virtio-blk disk ([[disk]] in the config file).
@@ -242,7 +247,7 @@ func Run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 func machineConfig(cfg *Config, stdin io.Reader, stdout io.Writer, log *logrus.Logger) (_ machine.Config, closeConsole func(), _ error) {
 	mc := machine.Config{
 		KVMDevice: cfg.KVMDevice, Kernel: cfg.Kernel, Initrd: cfg.Initrd, Cmdline: cfg.Cmdline,
-		MemoryMiB: cfg.MemoryMiB, VCPUs: cfg.VCPUs, HugePages: cfg.HugePages, Log: logrus.NewEntry(log),
+		MemoryMiB: cfg.MemoryMiB, VCPUs: cfg.VCPUs, HugePages: cfg.HugePages, HugeTLB: cfg.HugeTLB, Log: logrus.NewEntry(log),
 		Decompress: cfg.Decompress, KernelCache: cfg.KernelCache, VMGenID: cfg.VMGenID,
 	}
 	switch cfg.ConsoleInput {
@@ -378,7 +383,11 @@ func parse(args []string, stderr io.Writer) (Config, error) {
 	fs.StringVar(&f.ConsoleInput, "console-input", cfg.ConsoleInput, "serial console input: none or stdin")
 	fs.StringVar(&f.ControlSocket, "control", "", "control socket `path` (JSON lines: pause, resume, stop, info, snapshot, rollback)")
 	fs.StringVar(&f.KVMDevice, "kvm", cfg.KVMDevice, "KVM device `path`")
-	fs.BoolVar(&f.HugePages, "hugepages", cfg.HugePages, "back guest memory with 2 MiB-aligned transparent huge pages (=false: THP off for the whole process)")
+	fs.BoolVar(&f.HugePages, "hugepages", cfg.HugePages, "back guest memory with 2 MiB-aligned transparent huge pages (=false: THP off for the whole process; -hugetlb takes guest memory over)")
+	fs.BoolVar(&f.HugeTLB, "hugetlb", cfg.HugeTLB, "back guest memory with 2 MiB pages from the kernel's hugetlb pool (overrides -hugepages): "+
+		"fewer nested page faults than THP can promise, but memory/2 free pages must be in the pool (sysctl vm.nr_hugepages; cube-vmm "+
+		"fails naming the shortfall otherwise), reserved for the VM's life, never swapped or shared; memory must be an even number of MiB. "+
+		"A restore maps its snapshot with small pages whatever the snapshotted VM had")
 	fs.StringVar(&f.LogLevel, "log-level", cfg.LogLevel, "log level: trace, debug, info, warning, error")
 	fs.BoolVar(&f.Decompress, "decompress", cfg.Decompress, "decompress a bzImage (LZ4, gzip) on the host and boot its vmlinux directly (no in-guest decompressor, no KASLR)")
 	fs.StringVar(&f.KernelCache, "kernel-cache", "", "`directory` keeping decompressed kernels for later boots")
@@ -435,6 +444,8 @@ func parse(args []string, stderr io.Writer) (Config, error) {
 			cfg.KVMDevice = f.KVMDevice
 		case "hugepages":
 			cfg.HugePages = f.HugePages
+		case "hugetlb":
+			cfg.HugeTLB = f.HugeTLB
 		case "log-level":
 			cfg.LogLevel = f.LogLevel
 		case "decompress":

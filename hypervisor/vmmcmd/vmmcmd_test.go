@@ -103,6 +103,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"-kernel", garbage, "extra"}, ExitUsage, "unexpected arguments"},
 		{[]string{"-config", badCfg}, ExitUsage, "kernal"},
 		{[]string{"-kernel", garbage, "-console-input", "tty"}, ExitUsage, "console_input"},
+		{[]string{"-kernel", garbage, "-hugetlb", "-memory", "255"}, ExitUsage, "even number of MiB"},
 		{[]string{"-kernel", garbage, "-disk", garbage + ",serial=s", "-disk", badCfg + ",serial=s"}, ExitUsage, "same serial"},
 		{[]string{"--help"}, 0, "Exit status:"},
 	}
@@ -248,6 +249,49 @@ func TestVMGenIDConfig(t *testing.T) {
 		closeConsole()
 		if mc.VMGenID != c.want {
 			t.Errorf("%q: machine config VMGenID %v", c.args, mc.VMGenID)
+		}
+	}
+}
+
+// TestHugeTLBConfig: off by default and then absent from a snapshot's
+// recorded configuration; on by flag or config key, recorded, and handed
+// to the machine beside -hugepages, which it overrides there.
+func TestHugeTLBConfig(t *testing.T) {
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "vm.toml")
+	os.WriteFile(cfgPath, []byte("kernel = '/k'\nhugetlb = true\n"), 0o644)
+	for _, c := range []struct {
+		args []string
+		want bool
+	}{
+		{[]string{"-kernel", "/k"}, false},
+		{[]string{"-kernel", "/k", "-hugetlb"}, true},
+		{[]string{"-kernel", "/k", "-hugetlb", "-hugepages=false"}, true},
+		{[]string{"-config", cfgPath}, true},
+		{[]string{"-config", cfgPath, "-hugetlb=false"}, false},
+	} {
+		cfg, err := parse(c.args, &bytes.Buffer{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.HugeTLB != c.want {
+			t.Errorf("%q: HugeTLB %v, want %v", c.args, cfg.HugeTLB, c.want)
+		}
+		j, err := json.Marshal(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(string(j), `"HugeTLB":true`); got != c.want || (!c.want && strings.Contains(string(j), "HugeTLB")) {
+			t.Errorf("%q: recorded configuration %s", c.args, j)
+		}
+		cfg.Kernel, cfg.Console = cfgPath, "none"
+		mc, closeConsole, err := machineConfig(&cfg, nil, nil, logrus.New())
+		if err != nil {
+			t.Fatal(err)
+		}
+		closeConsole()
+		if mc.HugeTLB != c.want || mc.HugePages != cfg.HugePages {
+			t.Errorf("%q: machine config HugeTLB %v HugePages %v", c.args, mc.HugeTLB, mc.HugePages)
 		}
 	}
 }

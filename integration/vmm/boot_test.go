@@ -7,6 +7,7 @@ import (
 	"io"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -32,6 +33,17 @@ func qemuCases(mem int) []bootCase {
 		{"qemu-pc", append([]string{"qemu-system-x86_64", "-M", "pc"}, common...)},
 		{"qemu-microvm", append([]string{"qemu-system-x86_64", "-M", "microvm"}, common...)},
 	}
+}
+
+// qemuHugeTLBCase is QEMU -M pc with its guest RAM from the 2 MiB hugetlb pool, as cube-vmm's -hugetlb: a
+// memfd backend with hugetlb=on (no hugetlbfs mount needed; reserved when mapped, faulted on first touch).
+func qemuHugeTLBCase(mem int) bootCase {
+	c := qemuCases(mem)[0]
+	argv := slices.Clone(c.argv)
+	i := slices.Index(argv, "pc")
+	argv[i] = "pc,memory-backend=ram0"
+	argv = slices.Insert(argv, i+1, "-object", fmt.Sprintf("memory-backend-memfd,id=ram0,size=%dM,hugetlb=on,hugetlbsize=2M", mem))
+	return bootCase{"qemu-pc-hugetlb", argv}
 }
 
 // bootToMarker starts argv and returns the time from exec to the marker line on its stdout (the guest's

@@ -130,6 +130,8 @@ func TestCubeVMMExitStatuses(t *testing.T) {
 // BenchmarkCubeVMMVsQEMU boots the marker guest with cube-vmm and QEMU (-M pc, -M microvm) side by side,
 // BOOT_RUNS (default 7) runs each, and prints the medians and ratios to QEMU -M pc (goal: cube-vmm ≤ 0.5×), then
 // one more boot each of cube-vmm and QEMU -M pc with the VM's KVM counters and cube-vmm's steps (bootBreakdown).
+// cube-vmm -hugetlb and QEMU -M pc on a hugetlb memfd run beside them (the test host's vm.nr_hugepages is
+// raised for the benchmark and set back after), with a second ratio column to QEMU -M pc on hugetlb RAM.
 // A boot whose nested guest is lost (it stalls before the marker, cube-vmm exits 10, QEMU's guest resets:
 // README, "Known problems"; under QEMU as under cube-vmm) is taken again with a fresh VM, counted and left out
 // of the median (benchloss); a VMM that fails otherwise fails the benchmark, as do too many lost VMs.
@@ -139,12 +141,19 @@ func BenchmarkCubeVMMVsQEMU(b *testing.B) {
 		runs = n
 	}
 	cache := b.TempDir()
+	// The hugetlb variants take their RAM from the 2 MiB pool: room for one VM at a time (boots run one after
+	// another), with a margin for one being torn down while the next maps. Filled here, before any nested guest
+	// runs, and emptied again when the benchmark ends.
+	setHugePages(b, readHugePool(b).held()+guestHugePages(256)+32)
 	cases := append([]bootCase{
 		// Default: the guest decompresses its bzImage itself, as under QEMU.
 		cubeVMMCase("cube-vmm", 256, 1),
 		// cube-vmm decompresses the bzImage on the host, kept in a cache directory (first run fills it).
 		cubeVMMCase("cube-vmm-vmlinux", 256, 1, "-decompress", "-kernel-cache", cache),
-	}, qemuCases(256)...)
+		// Guest RAM from the hugetlb pool: 2 MiB nested pages from the first touch.
+		cubeVMMCase("cube-vmm-hugetlb", 256, 1, "-hugetlb"),
+		cubeVMMCase("cube-vmm-hugetlb-vmlinux", 256, 1, "-hugetlb", "-decompress", "-kernel-cache", cache),
+	}, append(qemuCases(256), qemuHugeTLBCase(256))...)
 	loss := benchloss.New(b)
 	// Round-robin, so load from other work on the machine spreads over all VMMs alike.
 	runsOf := map[string][]time.Duration{}
@@ -172,14 +181,23 @@ rounds:
 		b.Logf("%s: runs %v", c.name, runsOf[c.name])
 	}
 	// The peer is QEMU -M pc, the faster QEMU in the test host (microvm boots about 2x slower there).
-	pc := medians["qemu-pc"]
+	// The like-for-like peer of the hugetlb variants is QEMU -M pc on hugetlb RAM too.
+	pc, pcHuge := medians["qemu-pc"], medians["qemu-pc-hugetlb"]
 	b.ReportMetric(float64(medians["cube-vmm"].Milliseconds()), "cube-vmm-ms")
-	fmt.Printf("\n%-18s %12s %14s %8s %8s\n", "vmm", "median", "vs qemu -M pc", "boots", "lost")
+	b.ReportMetric(float64(medians["cube-vmm-hugetlb"].Milliseconds()), "cube-vmm-hugetlb-ms")
+	fmt.Printf("\n%-26s %12s %14s %22s %8s %8s\n", "vmm", "median", "vs qemu -M pc", "vs qemu -M pc hugetlb", "boots", "lost")
 	for _, c := range cases {
-		fmt.Printf("%-18s %12v %13.2fx %8d %8d\n", c.name, medians[c.name].Round(time.Millisecond),
-			float64(medians[c.name])/float64(pc), len(runsOf[c.name]), lostOf[c.name])
+		fmt.Printf("%-26s %12v %13.2fx %21.2fx %8d %8d\n", c.name, medians[c.name].Round(time.Millisecond),
+			float64(medians[c.name])/float64(pc), float64(medians[c.name])/float64(pcHuge), len(runsOf[c.name]), lostOf[c.name])
 	}
-	bootBreakdown(b, map[string][]string{"cube-vmm": cases[0].argv, "qemu-pc": qemuCases(256)[0].argv})
+	argvOf := map[string][]string{}
+	for _, c := range cases {
+		switch c.name {
+		case "cube-vmm", "cube-vmm-hugetlb", "qemu-pc", "qemu-pc-hugetlb":
+			argvOf[c.name] = c.argv
+		}
+	}
+	bootBreakdown(b, argvOf)
 	loss.Check(b)
 }
 

@@ -66,7 +66,7 @@ func TestMain(m *testing.M) {
 	}
 	code := testhost.RunMain(m, testhost.Options{
 		Env:     envs,
-		Timeout: 15 * time.Minute,
+		Timeout: 25 * time.Minute,                                // BenchmarkCubeVMMVsQEMU: 7 VMMs × BOOT_RUNS boots, then 4 held boots
 		Tools:   []string{"qemu-system-x86_64", "socat", "runc"}, // runc: the net benchmark's native baseline
 		Modules: []string{"tun", "veth"},                         // taps for TestGuestNet and the net benchmark; its veth
 		Files:   files,
@@ -227,6 +227,17 @@ virtiofs)
 	if umount /mnt; then echo "UMOUNT=ok"; else echo "UMOUNT=failed"; fi
 	echo "UNMOUNTED_WAITING=1"
 	sleep 600
+	;;
+memfill)
+	# Guest RAM with content (TestCubeVMMHugeTLB): 24 MiB of random bytes in the initramfs (guest RAM), then,
+	# every second, a sample: their md5.
+	dd if=/dev/urandom of=/fill bs=1M count=24 2>/dev/null
+	n=0
+	while true; do
+		n=$((n+1))
+		echo "FILL=$n $(md5sum </fill | cut -c1-32)"
+		sleep 1
+	done
 	;;
 reboot) reboot -f ;;
 panic) echo c >/proc/sysrq-trigger ;;

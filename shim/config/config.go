@@ -88,6 +88,11 @@ type Config struct {
 	// TemplateWait bounds how long a sandbox waits for a template another shim is making (Go
 	// duration); past it the sandbox cold-boots.
 	TemplateWait string `toml:"template_wait"`
+	// HugeTLB: a cold-booted sandbox VM takes its memory from the host's 2 MiB hugetlb pool
+	// (cube-vmm -hugetlb; docs/vmm.md): memory_mib/2 free pages must be in it (vm.nr_hugepages), or the
+	// sandbox fails to start; memory_mib must be even. Restores (templates) map their snapshot with small
+	// pages whatever this says.
+	HugeTLB bool `toml:"hugetlb"`
 }
 
 // Default returns a Config holding every default.
@@ -171,6 +176,9 @@ func (c Config) Validate() error {
 	}
 	if !filepath.IsAbs(c.TemplateDir) {
 		return fmt.Errorf("shim config: template_dir %q is not absolute", c.TemplateDir)
+	}
+	if c.HugeTLB && c.MemoryMiB%2 != 0 {
+		return fmt.Errorf("shim config: memory_mib %d with hugetlb: must be even (whole 2 MiB pages)", c.MemoryMiB)
 	}
 	if _, err := c.Durations(); err != nil {
 		return err

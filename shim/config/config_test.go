@@ -39,6 +39,7 @@ func TestParseErrors(t *testing.T) {
 		{"agent_timeout = \"0s\"", "agent_timeout \"0s\" must be positive"},
 		{"agent_timeout = \"2\"", "agent_timeout"},
 		{"vmm = \"\"", "vmm is empty"},
+		{"hugetlb = true\nmemory_mib = 255", "memory_mib 255 with hugetlb: must be even"},
 		{"memory_mib = \"x\"", "parse shim config"},
 		{"= broken", "parse shim config"},
 	} {

@@ -27,7 +27,7 @@ import (
 // drives it through its control socket with hypervisor/control's Client. The
 // command line it builds (docs/shim.md, "cube-vmm contract"):
 //
-//	cube-vmm -kernel K [-initrd I] -cmdline C -memory M -vcpus N
+//	cube-vmm -kernel K [-initrd I] -cmdline C -memory M -vcpus N [-hugetlb]
 //	  [-disk P,serial=S[,ro]]... [-net fd=N,mac=M]... -vsock U -vsock-cid CID
 //	  -control S -console F -console-input none
 //
@@ -115,6 +115,9 @@ func Args(cfg VMConfig) []string {
 	}
 	if cfg.Initrd != "" {
 		a = append(a, "-initrd", cfg.Initrd)
+	}
+	if cfg.HugeTLB {
+		a = append(a, "-hugetlb")
 	}
 	for _, d := range cfg.Disks {
 		v := d.Path + ",serial=" + d.Serial

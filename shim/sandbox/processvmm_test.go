@@ -54,6 +54,15 @@ func TestArgs(t *testing.T) {
 	if got != want {
 		t.Fatalf("args\n got %s\nwant %s", got, want)
 	}
+	huge := cfg
+	huge.HugeTLB = true
+	if got := strings.Join(Args(huge), " "); !strings.Contains(got, " -initrd /initrd -hugetlb -disk ") {
+		t.Errorf("hugetlb args: %s", got)
+	}
+	huge.Template = "/tpl"
+	if got := strings.Join(Args(huge), " "); strings.Contains(got, "hugetlb") {
+		t.Errorf("a restore got -hugetlb: %s", got)
+	}
 	cfg.Template = "/tpl"
 	got = strings.Join(Args(cfg), " ")
 	want = "restore -log-level info -control /d/c.sock -vsock /d/v.sock -console /d/console.log -disk-dir /d /tpl"
@@ -225,6 +234,13 @@ func TestArgsParseWithTheRealVMM(t *testing.T) {
 	stderr.Reset()
 	if rc := vmmcmd.Run(append(Args(netCfg), "-help"), strings.NewReader(""), io.Discard, &stderr); rc != 0 {
 		t.Fatalf("cube-vmm rejects the shim's -net flag (rc %d): %s", rc, stderr.String())
+	}
+	// -hugetlb.
+	hugeCfg := cfg
+	hugeCfg.HugeTLB = true
+	stderr.Reset()
+	if rc := vmmcmd.Run(append(Args(hugeCfg), "-help"), strings.NewReader(""), io.Discard, &stderr); rc != 0 {
+		t.Fatalf("cube-vmm rejects the shim's -hugetlb flag (rc %d): %s", rc, stderr.String())
 	}
 	// The virtio-fs share host directories go through: -fs tag=…,path=….
 	shareCfg := cfg

@@ -70,6 +70,9 @@ type Options struct {
 	MemoryMiB uint32
 	VCPUs     uint32
 	DiskSlots int
+	// HugeTLB boots the VM with its memory from the hugetlb pool (cube-vmm
+	// -hugetlb); a restore ignores it.
+	HugeTLB bool
 	// Template, when set, is the snapshot the VM is restored from (the
 	// shim config's `template`); else TemplateFor may name one at Start.
 	Template string

@@ -105,7 +105,7 @@ func (s *Sandbox) prepareVM(ctx context.Context, firstImage, firstOwner string) 
 	}
 	cfg := VMConfig{
 		Kernel: s.o.Kernel, Initrd: s.o.Initrd, Cmdline: s.o.Cmdline,
-		MemoryMiB: s.o.MemoryMiB, VCPUs: s.o.VCPUs, Disks: disks,
+		MemoryMiB: s.o.MemoryMiB, VCPUs: s.o.VCPUs, HugeTLB: s.o.HugeTLB, Disks: disks,
 		VsockPath:   filepath.Join(s.o.Dir, "vsock.sock"),
 		ControlPath: filepath.Join(s.o.Dir, "control.sock"),
 		ConsolePath: filepath.Join(s.o.Dir, "console.log"),

@@ -24,7 +24,9 @@ type VMConfig struct {
 	Cmdline   string
 	MemoryMiB uint32
 	VCPUs     uint32
-	Disks     []Disk
+	// HugeTLB: guest memory from the 2 MiB hugetlb pool (a boot's only).
+	HugeTLB bool
+	Disks   []Disk
 	// VsockPath is the hybrid vsock Unix socket the VMM creates.
 	VsockPath string
 	// ControlPath is the VMM's control socket (pause, resume, stop, info, disk).

@@ -160,7 +160,7 @@ func ProcessSandboxFactory(ns string, log *logrus.Entry) SandboxFactory {
 		return sandbox.New(sandbox.Options{
 			ID: id, Dir: SandboxDir(cfg.StateDir, ns, id),
 			Kernel: cfg.Kernel, Initrd: cfg.Initrd, Cmdline: cfg.Cmdline,
-			MemoryMiB: cfg.MemoryMiB, VCPUs: cfg.VCPUs, DiskSlots: int(cfg.DiskSlots),
+			MemoryMiB: cfg.MemoryMiB, VCPUs: cfg.VCPUs, DiskSlots: int(cfg.DiskSlots), HugeTLB: cfg.HugeTLB,
 			Template: cfg.Template, TemplateFor: templateFor(cfg, to, log.WithField("sandbox", id)), BootTimeout: to.Boot,
 			VMM: vmm, Dial: sandbox.DialAgentTimeout(to.Agent), Cgroup: cg, Log: log.WithField("sandbox", id),
 			Network: network, BlockClaimDir: filepath.Join(cfg.StateDir, sandbox.BlockClaimDirName),
