@@ -16,6 +16,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -112,6 +113,9 @@ func (v *VCPU) Start(onExit func(Result)) {
 		// Never unlocked: the thread dies with the goroutine, so no other
 		// goroutine inherits a thread whose tid we may still signal.
 		runtime.LockOSThread()
+		// The thread's name, as QEMU's "CPU 0/KVM": ps, top and /proc
+		// then tell guest time (this thread) from the VMM's own.
+		_ = unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&threadName(v.CPU.ID())[0])), 0, 0, 0)
 		v.mu.Lock()
 		v.tid = unix.Gettid()
 		v.state = Running
@@ -342,3 +346,6 @@ func (s Set) Stop() {
 		<-v.done
 	}
 }
+
+// threadName is the NUL-terminated name of vCPU id's thread ("vcpu0").
+func threadName(id int) []byte { return append([]byte(fmt.Sprintf("vcpu%d", id)), 0) }

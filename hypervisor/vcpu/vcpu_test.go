@@ -3,6 +3,8 @@ package vcpu
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -131,6 +133,12 @@ func TestPauseResumeStop(t *testing.T) {
 	v.Start(func(r Result) { exited <- r })
 	c := counter(g)
 	waitAbove(t, c, 0)
+	v.mu.Lock()
+	tid := v.tid
+	v.mu.Unlock()
+	if comm, err := os.ReadFile(fmt.Sprintf("/proc/self/task/%d/comm", tid)); err != nil || string(comm) != "vcpu0\n" {
+		t.Errorf("vCPU thread %d is named %q (%v), want vcpu0", tid, comm, err)
+	}
 
 	for round := 0; round < 3; round++ {
 		Set{v}.Pause()
