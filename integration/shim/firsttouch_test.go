@@ -62,9 +62,10 @@ func BenchmarkFirstTouch(b *testing.B) {
 		dir := ""
 		if name != "runc" {
 			if dir, err = vmDebugDir(before); err != nil {
-				b.Fatalf("%s: %v", name, err)
+				b.Logf("%s: no KVM counters: %v", name, err) // the timings and CPU still count
+			} else {
+				r.runC = kvmStats(dir)
 			}
-			r.runC = kvmStats(dir)
 		}
 		prev := r.runC
 		for i := 1; i <= 3; i++ {
