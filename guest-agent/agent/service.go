@@ -207,6 +207,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *protocol.CreateConta
 	s.containers[c.id] = c
 	s.mu.Unlock()
 
+	t0 := time.Now()
 	o := container.SpawnOptions{Mode: container.ModeCreate, Spec: spec, Rootfs: rootfs}
 	if s.cfg.CgroupRoot != "" {
 		cg, err := newCgroup(s.cfg.CgroupRoot, c.id)
@@ -218,6 +219,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *protocol.CreateConta
 		}
 		c.cgroup, o.CgroupFD = cg, cg.fd
 	}
+	t1 := time.Now()
 	p, err := s.prepare(c, "", req.Stdio, o, spec.Process)
 	if err != nil {
 		if c.cgroup != nil {
@@ -232,7 +234,8 @@ func (s *Service) CreateContainer(ctx context.Context, req *protocol.CreateConta
 	s.mu.Lock()
 	c.init = p
 	s.mu.Unlock()
-	log := s.log.WithFields(logrus.Fields{"container": c.id, "pid": p.pid, "root_switch": p.rootSwitch})
+	log := s.log.WithFields(logrus.Fields{"container": c.id, "pid": p.pid, "root_switch": p.rootSwitch,
+		"cgroup_ms": ms(t1.Sub(t0)), "prepare_ms": ms(time.Since(t1))})
 	if p.newNetnsLoUp {
 		log = log.WithFields(logrus.Fields{"netns": "new", "lo": "up"})
 	}
@@ -601,3 +604,6 @@ func (s *Service) Delete(ctx context.Context, req *protocol.DeleteRequest) (*pro
 	s.log.WithFields(logrus.Fields{"container": c.id, "exec": req.ExecId, "status": e.Code()}).Info("deleted")
 	return &protocol.DeleteResponse{ExitStatus: e.Code(), ExitedAtUnixNano: exitTime(e)}, nil
 }
+
+// ms is d in milliseconds with two decimals, as the shim's steps are logged.
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

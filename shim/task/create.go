@@ -3,11 +3,13 @@ package task
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	eventstypes "github.com/containerd/containerd/api/events"
@@ -243,7 +245,7 @@ func (s *Service) Create(ctx context.Context, req *taskAPI.CreateTaskRequest) (_
 	}
 	steps.Mark("spec")
 	uris := stdioURIs{stdin: req.Stdin, stdout: req.Stdout, stderr: req.Stderr, terminal: req.Terminal || spec.Process.Terminal}
-	p, err := s.newProcess(ctx, sb, req.ID, "", uris, func(ctx context.Context, flags sandbox.StdioFlags) (uint32, error) {
+	p, err := s.newProcess(ctx, sb, req.ID, "", uris, steps, func(ctx context.Context, flags sandbox.StdioFlags) (uint32, error) {
 		return sb.Agent().CreateContainer(ctx, sandbox.CreateContainerRequest{
 			ContainerID: req.ID, Spec: guestSpec, Rootfs: mountPoint, Stdio: flags,
 		})
@@ -251,7 +253,6 @@ func (s *Service) Create(ctx context.Context, req *taskAPI.CreateTaskRequest) (_
 	if err != nil {
 		return nil, err
 	}
-	steps.Mark("process")
 	c := &container{id: req.ID, bundle: req.Bundle, rootfs: image, stdio: uris, init: p, execs: map[string]*execProc{},
 		guestRoot: mountPoint, volumes: use, podSandbox: spec.Annotations[ContainerTypeAnnotation] == "sandbox"}
 	s.mu.Lock()
@@ -305,7 +306,7 @@ func (s *Service) ensureSandbox(ctx context.Context, req *taskAPI.CreateTaskRequ
 
 // newProcess opens the host stdio, creates the guest process with create,
 // attaches the streams it asked for, and returns the process (created state).
-func (s *Service) newProcess(ctx context.Context, sb *sandbox.Sandbox, cid, eid string, uris stdioURIs,
+func (s *Service) newProcess(ctx context.Context, sb *sandbox.Sandbox, cid, eid string, uris stdioURIs, steps *sandbox.Steps,
 	create func(context.Context, sandbox.StdioFlags) (uint32, error)) (_ *process.Process, retErr error) {
 	log := s.o.Log.WithField("container", cid)
 	if eid != "" {
@@ -321,12 +322,14 @@ func (s *Service) newProcess(ctx context.Context, sb *sandbox.Sandbox, cid, eid 
 			hio.Close()
 		}
 	}()
+	steps.Mark("stdio")
 	in, out, errw := cfg.Wants()
 	agent := sb.Agent()
 	pid, err := create(ctx, sandbox.StdioFlags{Stdin: in, Stdout: out, Stderr: errw})
 	if err != nil {
 		return nil, fmt.Errorf("create process in the guest: %w", err)
 	}
+	steps.Mark("guest")
 	defer func() {
 		if retErr != nil {
 			_, _ = agent.Delete(context.WithoutCancel(ctx), cid, eid, true)
@@ -342,15 +345,28 @@ func (s *Service) newProcess(ctx context.Context, sb *sandbox.Sandbox, cid, eid 
 			}
 		}
 	}()
+	// The streams do not depend on each other: they are opened together
+	// (each is a vsock connection through the VMM and a guest accept).
+	var errs [3]error
+	var wg sync.WaitGroup
 	for i, want := range []bool{in, out, errw} {
 		if !want {
 			continue
 		}
-		name := []sandbox.Stream{sandbox.Stdin, sandbox.Stdout, sandbox.Stderr}[i]
-		if conns[i], err = agent.OpenStream(ctx, cid, eid, name); err != nil {
-			return nil, fmt.Errorf("attach %s: %w", name, err)
-		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			name := []sandbox.Stream{sandbox.Stdin, sandbox.Stdout, sandbox.Stderr}[i]
+			if conns[i], errs[i] = agent.OpenStream(ctx, cid, eid, name); errs[i] != nil {
+				errs[i] = fmt.Errorf("attach %s: %w", name, errs[i])
+			}
+		}()
 	}
+	wg.Wait()
+	if err := errors.Join(errs[:]...); err != nil {
+		return nil, err
+	}
+	steps.Mark("streams")
 	var guestIn stdio.HalfCloser
 	if conns[0] != nil {
 		guestIn = halfCloser(conns[0])

@@ -167,7 +167,7 @@ func (s *Service) Exec(ctx context.Context, req *taskAPI.ExecProcessRequest) (*e
 	sb := s.sb
 	s.mu.Unlock()
 	uris := stdioURIs{stdin: req.Stdin, stdout: req.Stdout, stderr: req.Stderr, terminal: req.Terminal}
-	p, err := s.newProcess(ctx, sb, req.ID, req.ExecID, uris, func(ctx context.Context, flags sandbox.StdioFlags) (uint32, error) {
+	p, err := s.newProcess(ctx, sb, req.ID, req.ExecID, uris, nil, func(ctx context.Context, flags sandbox.StdioFlags) (uint32, error) {
 		return sb.Agent().ExecProcess(ctx, sandbox.ExecProcessRequest{ContainerID: req.ID, ExecID: req.ExecID, Process: raw, Stdio: flags})
 	})
 	s.mu.Lock()
