@@ -42,7 +42,7 @@ func BenchmarkFirstTouch(b *testing.B) {
 	var rows []row
 	variant := func(name string, args []string) {
 		id := "ft-" + name
-		before := cubetest.ProcsNamed("cube-vmm")
+		before := vmDebugDirs()
 		from := d.LogSize()
 		cpu0 := cpuTicks()
 		start := time.Now()
@@ -200,23 +200,26 @@ func mountDebugfs(b *testing.B) func() {
 	return func() { syscall.Unmount("/sys/kernel/debug", 0) }
 }
 
-// vmDebugDir is the debugfs directory of the one KVM VM whose cube-vmm was
-// not among before.
-func vmDebugDir(before []int) (string, error) {
-	var fresh []int
-	for _, p := range cubetest.ProcsNamed("cube-vmm") {
-		if !slices.Contains(before, p) {
-			fresh = append(fresh, p)
+// vmDebugDirs lists the KVM VMs' debugfs directories (PID-FD, where PID
+// is the thread that created the VM: in Go, any thread of the process).
+func vmDebugDirs() []string {
+	dirs, _ := filepath.Glob("/sys/kernel/debug/kvm/*-*")
+	return dirs
+}
+
+// vmDebugDir is the debugfs directory of the one KVM VM that was not among
+// before.
+func vmDebugDir(before []string) (string, error) {
+	var fresh []string
+	for _, d := range vmDebugDirs() {
+		if !slices.Contains(before, d) {
+			fresh = append(fresh, d)
 		}
 	}
 	if len(fresh) != 1 {
-		return "", fmt.Errorf("want one new cube-vmm, found %v (before: %v)", fresh, before)
+		return "", fmt.Errorf("want one new KVM VM in debugfs, found %v", fresh)
 	}
-	dirs, _ := filepath.Glob(fmt.Sprintf("/sys/kernel/debug/kvm/%d-*", fresh[0]))
-	if len(dirs) != 1 {
-		return "", fmt.Errorf("cube-vmm %d: want one KVM debugfs directory, found %v", fresh[0], dirs)
-	}
-	return dirs[0], nil
+	return fresh[0], nil
 }
 
 func kvmStats(dir string) map[string]int64 {
