@@ -157,12 +157,17 @@ func holdArgv(argv []string) []string {
 	return a
 }
 
-// vmCounters sums the KVM counters of the VMs of pid (debugfs kvm/PID-FD/; a vCPU's are in its vcpuN/ only
-// for some counters, the VM directory holds the sums).
+// vmCounters sums the KVM counters of the VMs of pid (debugfs kvm/TID-FD/, TID the thread that created the
+// VM, which for a Go VMM may be any of its threads; a vCPU's are in its vcpuN/ only for some counters, the VM
+// directory holds the sums).
 func vmCounters(pid int) map[string]int64 {
 	c := map[string]int64{}
-	dirs, _ := filepath.Glob(filepath.Join(debugfs, "kvm", fmt.Sprintf("%d-*", pid)))
+	dirs, _ := filepath.Glob(filepath.Join(debugfs, "kvm", "*-*"))
 	for _, d := range dirs {
+		tid, _, _ := strings.Cut(filepath.Base(d), "-")
+		if _, err := os.Stat(filepath.Join("/proc", fmt.Sprint(pid), "task", tid)); err != nil {
+			continue // another process's VM
+		}
 		for _, k := range kvmCounters {
 			if b, err := os.ReadFile(filepath.Join(d, k)); err == nil {
 				v, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
