@@ -1,4 +1,4 @@
-package machine
+package steps
 
 import (
 	"regexp"
@@ -7,10 +7,13 @@ import (
 )
 
 func TestStepsString(t *testing.T) {
-	s := NewSteps(time.Now())
+	s := New(time.Now().Add(-time.Millisecond))
 	s.Mark("open")
 	s.Mark("vm")
 	got := s.String()
+	if s.Total() < time.Millisecond {
+		t.Errorf("Total() = %v, want at least the millisecond before the start", s.Total())
+	}
 	if !regexp.MustCompile(`^open=\d+\.\d\d vm=\d+\.\d\d$`).MatchString(got) {
 		t.Fatalf("String() = %q", got)
 	}
@@ -19,7 +22,7 @@ func TestStepsString(t *testing.T) {
 func TestStepsNil(t *testing.T) {
 	var s *Steps
 	s.Mark("x") // must not panic
-	if s.String() != "" {
+	if s.String() != "" || s.Total() != 0 {
 		t.Errorf("nil Steps String() = %q", s.String())
 	}
 }
