@@ -30,15 +30,17 @@ func ProcsNamed(name string) []int {
 	return pids
 }
 
-// ThreadStat is what a hang report reads of /proc/…/stat.
+// ThreadStat is what the tests read of /proc/…/stat.
 type ThreadStat struct {
 	Comm, State  string
 	PPID         string
 	UTime, STime int // clock ticks
+	// CUTime, CSTime: the waited-for children's (clock ticks).
+	CUTime, CSTime int
 }
 
 // ReadStat parses the stat file at path ("pid (comm) S ppid … utime(14)
-// stime(15)"; comm may hold spaces and parentheses).
+// stime(15) cutime(16) cstime(17)"; comm may hold spaces and parentheses).
 func ReadStat(path string) (ThreadStat, bool) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -56,6 +58,10 @@ func ReadStat(path string) (ThreadStat, bool) {
 	st := ThreadStat{Comm: s[i+1 : j], State: f[0], PPID: f[1]}
 	fmt.Sscan(f[11], &st.UTime)
 	fmt.Sscan(f[12], &st.STime)
+	if len(f) >= 15 {
+		fmt.Sscan(f[13], &st.CUTime)
+		fmt.Sscan(f[14], &st.CSTime)
+	}
 	return st, true
 }
 

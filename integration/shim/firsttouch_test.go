@@ -148,24 +148,12 @@ func cpuTicks() map[string]int64 {
 		if _, err := strconv.Atoi(e.Name()); err != nil {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
+		st, ok := cubetest.ReadStat(filepath.Join("/proc", e.Name(), "stat"))
+		if !ok {
 			continue
 		}
-		st := string(b)
-		i, j := strings.IndexByte(st, '('), strings.LastIndexByte(st, ')')
-		if i < 0 || j < i {
-			continue
-		}
-		f := strings.Fields(st[j+1:])
-		if len(f) < 15 {
-			continue
-		}
-		for _, k := range f[11:15] {
-			v, _ := strconv.ParseInt(k, 10, 64)
-			m[st[i+1:j]] += v
-		}
-		if st[i+1:j] == "cube-vmm" {
+		m[st.Comm] += int64(st.UTime + st.STime + st.CUTime + st.CSTime)
+		if st.Comm == "cube-vmm" {
 			m["cube-vmm vcpus"] += vcpuTicks(e.Name())
 		}
 	}
