@@ -93,28 +93,18 @@ type fillSample struct {
 	sum string
 }
 
-// waitFill polls the memfill guest's latest sample until ok accepts one (bounded).
+// waitFill polls the memfill guest's latest FILL sample until ok accepts one (bounded).
 func waitFill(t *testing.T, r *vmmrun.Process, what string, ok func(fillSample) bool) fillSample {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		if v := r.Result("FILL"); v != "" {
-			var s fillSample
-			if _, err := fmt.Sscan(v, &s.seq, &s.sum); err != nil || len(s.sum) != 32 {
-				t.Fatalf("%s: FILL line %q: want a number and an md5 sum (%v)\nconsole:\n%s", what, v, err, r.ConsoleTail())
-			}
-			if ok(s) {
-				return s
-			}
-		}
-		if st, done := r.Exited(); done {
-			t.Fatalf("%s: cube-vmm exited %d; stderr:\n%s\nconsole:\n%s", what, st, r.Stderr(), r.ConsoleTail())
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: no such sample within 2 minutes; console:\n%s", what, r.ConsoleTail())
-		}
-		time.Sleep(100 * time.Millisecond)
+	return waitSample(t, r, "FILL", what, parseFill, ok)
+}
+
+func parseFill(v string) (fillSample, error) {
+	var s fillSample
+	if _, err := fmt.Sscan(v, &s.seq, &s.sum); err != nil || len(s.sum) != 32 {
+		return s, fmt.Errorf("FILL line %q: want a number and an md5 sum (%v)", v, err)
 	}
+	return s, nil
 }
 
 // TestCubeVMMHugeTLB boots the Debian kernel with -hugetlb: first on a pool too small, which cube-vmm refuses

@@ -37,13 +37,21 @@ func parseGen(v string) (genSample, error) {
 	return s, nil
 }
 
-// waitGen polls the guest's latest sample until ok accepts one (bounded).
+// waitGen polls the guest's latest GEN sample until ok accepts one (bounded).
 func waitGen(t *testing.T, r *vmmrun.Process, what string, ok func(genSample) bool) genSample {
+	t.Helper()
+	return waitSample(t, r, "GEN", what, parseGen, ok)
+}
+
+// waitSample polls the guest's latest result line key, parsed by parse, until
+// ok accepts one; a line that does not parse, a VMM that exits or 2 minutes
+// without such a sample fail the test.
+func waitSample[S any](t *testing.T, r *vmmrun.Process, key, what string, parse func(string) (S, error), ok func(S) bool) S {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		if v := r.Result("GEN"); v != "" {
-			s, err := parseGen(v)
+		if v := r.Result(key); v != "" {
+			s, err := parse(v)
 			if err != nil {
 				t.Fatalf("%s: %v\nconsole:\n%s", what, err, r.ConsoleTail())
 			}
