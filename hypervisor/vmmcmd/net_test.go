@@ -143,14 +143,7 @@ func TestNetNoneSnapshotRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	v.stop(t)
-	snap, err := snapshot.Open(s1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cfg Config
-	if err := json.Unmarshal(snap.Manifest.Config, &cfg); err != nil {
-		t.Fatal(err)
-	}
+	cfg := snapConfig(t, s1)
 	if len(cfg.Net) != 1 || cfg.Net[0] != (Net{None: true, MAC: mac}) {
 		t.Fatalf("recorded nets %+v", cfg.Net)
 	}
@@ -171,14 +164,7 @@ func TestNetNoneSnapshotRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.stop(t)
-	snap, err = snapshot.Open(s4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg = Config{}
-	if err := json.Unmarshal(snap.Manifest.Config, &cfg); err != nil {
-		t.Fatal(err)
-	}
+	cfg = snapConfig(t, s4)
 	if len(cfg.Net) != 1 || cfg.Net[0] != (Net{Tap: tap, MAC: mac}) {
 		t.Errorf("nets after the restore onto a tap %+v", cfg.Net)
 	}
@@ -205,14 +191,7 @@ func TestNetSnapshotRestore(t *testing.T) {
 	if _, err := v.ctl.Snapshot(t.Context(), s1, false); err != nil {
 		t.Fatal(err)
 	}
-	snap, err := snapshot.Open(s1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cfg Config
-	if err := json.Unmarshal(snap.Manifest.Config, &cfg); err != nil {
-		t.Fatal(err)
-	}
+	cfg := snapConfig(t, s1)
 	if len(cfg.Net) != 1 || cfg.Net[0].Tap != tap || len(cfg.Net[0].MAC) != 17 {
 		t.Fatalf("recorded nets %+v", cfg.Net)
 	}

@@ -3,6 +3,7 @@ package vmmcmd
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -46,6 +47,20 @@ func runUntilAdvanced(t *testing.T, ctl *control.Client, dir string, from uint64
 		}
 	}
 	return c
+}
+
+// snapConfig is the cube-vmm configuration the snapshot in dir records.
+func snapConfig(t *testing.T, dir string) Config {
+	t.Helper()
+	snap, err := snapshot.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg Config
+	if err := json.Unmarshal(snap.Manifest.Config, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
 }
 
 func snapCounter(t *testing.T, dir string) uint64 {
