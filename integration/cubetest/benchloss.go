@@ -14,13 +14,7 @@ import (
 // containerd's log. The sandbox's console log goes with its state directory, so that is the evidence there is.
 
 // LogSize is where containerd's log ends now: the start of what a run adds to it.
-func (d *Daemons) LogSize() int64 {
-	fi, err := os.Stat(filepath.Join(d.Dir, "containerd.log"))
-	if err != nil {
-		return 0
-	}
-	return fi.Size()
-}
+func (d *Daemons) LogSize() int64 { return logSize(d.Dir) }
 
 // VMMLog is what containerd's log got since from about sandbox VMs: the shim's lines about its VMM and the
 // VMM's own (its stderr, with the console tail of a panic).

@@ -17,12 +17,31 @@ const (
 )
 
 // LogFrom is containerd's log (with the shims' lines) from byte offset from.
-func (d *Daemons) LogFrom(from int64) string {
-	b, _ := os.ReadFile(filepath.Join(d.Dir, "containerd.log"))
+func (d *Daemons) LogFrom(from int64) string { return logFrom(d.Dir, from) }
+
+// LogFrom is the CRI containerd's log (with the shims' lines) from byte
+// offset from.
+func (c *CRI) LogFrom(from int64) string { return logFrom(c.Dir, from) }
+
+// LogSize is where the CRI containerd's log ends now.
+func (c *CRI) LogSize() int64 { return logSize(c.Dir) }
+
+// logFrom is the containerd log in dir from byte offset from.
+func logFrom(dir string, from int64) string {
+	b, _ := os.ReadFile(filepath.Join(dir, "containerd.log"))
 	if from > int64(len(b)) {
 		return ""
 	}
 	return string(b[from:])
+}
+
+// logSize is where the containerd log in dir ends now (0 if there is none).
+func logSize(dir string) int64 {
+	fi, err := os.Stat(filepath.Join(dir, "containerd.log"))
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
 }
 
 // GrepLines is the lines of s containing sub.

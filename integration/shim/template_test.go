@@ -156,21 +156,6 @@ func TestCRIPodNetworkFromTemplate(t *testing.T) {
 	if err := os.WriteFile(coldShimConfig, []byte(coldConf), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	logPath := filepath.Join(c.Dir, "containerd.log")
-	logSize := func() int64 {
-		fi, err := os.Stat(logPath)
-		if err != nil {
-			return 0
-		}
-		return fi.Size()
-	}
-	logFrom := func(from int64) string {
-		b, _ := os.ReadFile(logPath)
-		if from > int64(len(b)) {
-			return ""
-		}
-		return string(b[from:])
-	}
 	podJSON := filepath.Join(c.Dir, "pod.json")
 	os.WriteFile(podJSON, fmt.Appendf(nil, withPodNetwork(criPodConfig), filepath.Join(c.Dir, "podlogs")), 0o644)
 	start := time.Now()
@@ -184,7 +169,7 @@ func TestCRIPodNetworkFromTemplate(t *testing.T) {
 		c.crictl("stopp", pod)
 		c.crictl("rmp", "-f", pod)
 	})
-	log1 := logFrom(0)
+	log1 := c.LogFrom(0)
 	restored := cubetest.GrepLines(log1, cubetest.LogRestoring)
 	if !strings.Contains(restored, "nics=1") || strings.Contains(log1, "cold boot") {
 		t.Fatalf("networked pod not restored from a template with a NIC; shim log:\n%s", cubetest.GrepLines(log1, "template"))
@@ -201,9 +186,9 @@ func TestCRIPodNetworkFromTemplate(t *testing.T) {
 	}
 	checkPodNetwork(t, c, pod, ctr, ctr)
 
-	from := logSize()
+	from := c.LogSize()
 	checkPodToPod(t, c, pod, ctr, ctr)
-	log2 := logFrom(from)
+	log2 := c.LogFrom(from)
 	if !strings.Contains(cubetest.GrepLines(log2, cubetest.LogRestoring), "nics=1") || strings.Contains(log2, cubetest.LogTemplateMade) ||
 		strings.Contains(log2, "cold boot") {
 		t.Errorf("second networked pod: want the NIC template reused; shim log:\n%s", cubetest.GrepLines(log2, "template"))
