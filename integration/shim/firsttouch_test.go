@@ -7,12 +7,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cube-runtime/cube/integration/benchloss"
 	"github.com/cube-runtime/cube/integration/cubetest"
+	"github.com/cube-runtime/cube/integration/kvmstats"
 )
 
 // BenchmarkFirstTouch: what a sandbox restored from a template pays for
@@ -29,7 +29,10 @@ import (
 // sandbox per variant).
 func BenchmarkFirstTouch(b *testing.B) {
 	d := startDaemons(b)
-	umount := mountDebugfs(b)
+	umount, err := kvmstats.Mount()
+	if err != nil {
+		b.Fatal(err)
+	}
 	defer umount()
 	type row struct {
 		name   string
@@ -42,7 +45,7 @@ func BenchmarkFirstTouch(b *testing.B) {
 	var rows []row
 	variant := func(name string, args []string) {
 		id := "ft-" + name
-		before := vmDebugDirs()
+		before := kvmstats.VMDirs()
 		from := d.LogSize()
 		cpu0 := cpuTicks()
 		start := time.Now()
@@ -64,7 +67,7 @@ func BenchmarkFirstTouch(b *testing.B) {
 			if dir, err = vmDebugDir(before); err != nil {
 				b.Logf("%s: no KVM counters: %v", name, err) // the timings and CPU still count
 			} else {
-				r.runC = kvmStats(dir)
+				r.runC = kvmstats.Read(firstTouchCounters, dir)
 			}
 		}
 		prev := r.runC
@@ -77,7 +80,7 @@ func BenchmarkFirstTouch(b *testing.B) {
 			}
 			now := map[string]int64{}
 			if dir != "" {
-				now = kvmStats(dir)
+				now = kvmstats.Read(firstTouchCounters, dir)
 			}
 			r.execs = append(r.execs, took)
 			r.execCs = append(r.execCs, diffStats(now, prev))
@@ -184,30 +187,11 @@ func vcpuTicks(pid string) int64 {
 	return n
 }
 
-// mountDebugfs mounts debugfs in the test host if it is not, and returns
-// what undoes that.
-func mountDebugfs(b *testing.B) func() {
-	if _, err := os.Stat("/sys/kernel/debug/kvm"); err == nil {
-		return func() {}
-	}
-	if err := syscall.Mount("debugfs", "/sys/kernel/debug", "debugfs", 0, ""); err != nil {
-		b.Fatalf("mount debugfs (for KVM counters): %v", err)
-	}
-	return func() { syscall.Unmount("/sys/kernel/debug", 0) }
-}
-
-// vmDebugDirs lists the KVM VMs' debugfs directories (PID-FD, where PID
-// is the thread that created the VM: in Go, any thread of the process).
-func vmDebugDirs() []string {
-	dirs, _ := filepath.Glob("/sys/kernel/debug/kvm/*-*")
-	return dirs
-}
-
 // vmDebugDir is the debugfs directory of the one KVM VM that was not among
 // before.
 func vmDebugDir(before []string) (string, error) {
 	var fresh []string
-	for _, d := range vmDebugDirs() {
+	for _, d := range kvmstats.VMDirs() {
 		if !slices.Contains(before, d) {
 			fresh = append(fresh, d)
 		}
@@ -218,19 +202,8 @@ func vmDebugDir(before []string) (string, error) {
 	return fresh[0], nil
 }
 
-func kvmStats(dir string) map[string]int64 {
-	m := map[string]int64{}
-	for _, k := range []string{"exits", "pf_taken", "pf_fixed"} {
-		b, err := os.ReadFile(filepath.Join(dir, k))
-		if err != nil {
-			continue
-		}
-		if v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil {
-			m[k] = v
-		}
-	}
-	return m
-}
+// firstTouchCounters are the VM's KVM counters BenchmarkFirstTouch shows.
+var firstTouchCounters = []string{"exits", "pf_taken", "pf_fixed"}
 
 func diffStats(now, prev map[string]int64) map[string]int64 {
 	m := map[string]int64{}

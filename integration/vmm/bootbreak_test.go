@@ -3,20 +3,19 @@ package vmm
 import (
 	"bufio"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cube-runtime/cube/integration/kvmstats"
 )
 
 // What BenchmarkCubeVMMVsQEMU prints below its table: where one boot to the marker goes, for cube-vmm and
-// QEMU -M pc, from the test host's KVM counters of the VM (debugfs, /sys/kernel/debug/kvm/PID-FD/, read while
+// QEMU -M pc, from the test host's KVM counters of the VM (debugfs, integration/kvmstats, read while
 // the guest holds after the marker: a VM's counters go with it) and cube-vmm's own debug log (exec → machine
 // built → first KVM_RUN). Diagnostics, not a pass/fail: a boot that does not reach the marker is reported.
 
@@ -27,20 +26,12 @@ var kvmCounters = []string{"exits", "io_exits", "mmio_exits", "halt_exits", "irq
 	// behind is 2 MiB pages (hugetlb; THP is off in the test host).
 	"pages_4k", "pages_2m"}
 
-const debugfs = "/sys/kernel/debug"
-
 // bootBreakdown boots each of argvs once (holding after the marker) and prints the breakdown.
 func bootBreakdown(b *testing.B, argvs map[string][]string) {
-	mounted := false
-	if _, err := os.Stat(filepath.Join(debugfs, "kvm")); err != nil {
-		if err := syscall.Mount("debugfs", debugfs, "debugfs", 0, ""); err != nil {
-			b.Logf("boot breakdown: mount debugfs: %v (no KVM counters)", err)
-		} else {
-			mounted = true
-		}
-	}
-	if mounted {
-		defer syscall.Unmount(debugfs, 0)
+	if umount, err := kvmstats.Mount(); err != nil {
+		b.Logf("boot breakdown: %v (no KVM counters)", err)
+	} else {
+		defer umount()
 	}
 	names := slices.Sorted(func(yield func(string) bool) {
 		for n := range argvs {
@@ -132,7 +123,7 @@ func holdBoot(argv []string) (map[string]int64, string, error) {
 		stop()
 		return nil, "", fmt.Errorf("no marker in 2 minutes: %s", tail(stderr.String(), 10))
 	}
-	c := vmCounters(cmd.Process.Pid)
+	c := kvmstats.Read(kvmCounters, kvmstats.OfProcess(cmd.Process.Pid)...)
 	c["marker_ms"] = took.Milliseconds()
 	// Pages of the 2 MiB hugetlb pool the VM holds (touched or reserved); other VMs of the benchmark are gone.
 	if p, err := hugePoolNow(); err == nil {
@@ -155,27 +146,6 @@ func holdArgv(argv []string) []string {
 		a = append(a, "-log-level", "debug")
 	}
 	return a
-}
-
-// vmCounters sums the KVM counters of the VMs of pid (debugfs kvm/TID-FD/, TID the thread that created the
-// VM, which for a Go VMM may be any of its threads; a vCPU's are in its vcpuN/ only for some counters, the VM
-// directory holds the sums).
-func vmCounters(pid int) map[string]int64 {
-	c := map[string]int64{}
-	dirs, _ := filepath.Glob(filepath.Join(debugfs, "kvm", "*-*"))
-	for _, d := range dirs {
-		tid, _, _ := strings.Cut(filepath.Base(d), "-")
-		if _, err := os.Stat(filepath.Join("/proc", fmt.Sprint(pid), "task", tid)); err != nil {
-			continue // another process's VM
-		}
-		for _, k := range kvmCounters {
-			if b, err := os.ReadFile(filepath.Join(d, k)); err == nil {
-				v, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-				c[k] += v
-			}
-		}
-	}
-	return c
 }
 
 var logTime = regexp.MustCompile(`time="(\d\d:\d\d:\d\d\.\d+)"`)
