@@ -20,7 +20,6 @@ import (
 	"github.com/cube-runtime/cube/hypervisor/control"
 	"github.com/cube-runtime/cube/hypervisor/machine"
 	"github.com/cube-runtime/cube/hypervisor/snapshot"
-	"github.com/cube-runtime/cube/hypervisor/steps"
 )
 
 const restoreUsage = `Usage: cube-vmm restore [flags] SNAPSHOT-DIR
@@ -479,7 +478,7 @@ func (s *standby) Restore(dir string, paused bool) (*control.RestoreResult, erro
 	s.log.WithFields(logrus.Fields{"dir": dir, "took": took, "paused": paused, "steps_ms": r.steps.String(),
 		"machine_steps_ms": r.m.RestoreSteps()}).Info("standby: restored and running")
 	s.ready <- r
-	return &control.RestoreResult{Dir: dir, TookMS: steps.MS(took), Paused: paused}, nil
+	return &control.RestoreResult{Dir: dir, TookMS: ms(took), Paused: paused}, nil
 }
 
 // runStandby is "cube-vmm restore -standby".

@@ -9,11 +9,11 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cube-runtime/cube/hypervisor/control"
 	"github.com/cube-runtime/cube/hypervisor/machine"
 	"github.com/cube-runtime/cube/hypervisor/snapshot"
-	"github.com/cube-runtime/cube/hypervisor/steps"
 )
 
 // components hashes the kernel and initrd in the background (a snapshot
@@ -100,6 +100,8 @@ func setDiskPath(m *machine.Machine, disks []Disk, serial, path string, readOnly
 	return sectors, nil
 }
 
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
 func (t *snapTarget) Snapshot(dir string, incremental bool) (*control.SnapshotResult, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -115,7 +117,7 @@ func (t *snapTarget) Snapshot(dir string, incremental bool) (*control.SnapshotRe
 	if err != nil {
 		return nil, err
 	}
-	return &control.SnapshotResult{Dir: dir, FrozenMS: steps.MS(st.Frozen), TotalMS: steps.MS(st.Total), PrecopyMS: steps.MS(st.Precopy),
+	return &control.SnapshotResult{Dir: dir, FrozenMS: ms(st.Frozen), TotalMS: ms(st.Total), PrecopyMS: ms(st.Precopy),
 		MemoryBytes: st.MemoryBytes, RecopiedBytes: st.RecopiedBytes, DiskBytes: st.DiskBytes, Reflinked: st.Reflinked}, nil
 }
 
@@ -137,7 +139,7 @@ func (t *snapTarget) Rollback(dir string) (*control.RollbackResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &control.RollbackResult{Dir: dir, PrepareMS: steps.MS(st.Prepare), FrozenMS: steps.MS(st.Frozen), TotalMS: steps.MS(st.Total),
+	return &control.RollbackResult{Dir: dir, PrepareMS: ms(st.Prepare), FrozenMS: ms(st.Frozen), TotalMS: ms(st.Total),
 		Memory: st.Memory, Pages: st.Pages}, nil
 }
 
