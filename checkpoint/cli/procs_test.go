@@ -21,7 +21,8 @@ func startProcs(t *testing.T, w *world) {
 			serial = s
 		}
 	}
-	mp, err := w.agent.MountDisk(ctx, sandbox.MountDiskRequest{Serial: serial, MountPoint: "/run/cube/c1", FSType: "ext4"})
+	md, err := w.agent.MountDisk(ctx, sandbox.MountDiskRequest{Serial: serial, MountPoint: "/run/cube/c1", FSType: "ext4"})
+	mp := md.MountPoint
 	if err != nil {
 		t.Fatalf("mount the rootfs drive (disks %v): %v", w.vmm.Disks, err)
 	}

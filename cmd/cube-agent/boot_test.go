@@ -96,7 +96,8 @@ func bootAsPID1(t *testing.T, noSwitch bool) {
 	logf, err := os.Create(filepath.Join(t.TempDir(), "console.log"))
 	must(err)
 	defer logf.Close()
-	cmd := exec.Command("/init", "-agent-socket", "/agent.sock", "-stream-socket", "/stream.sock")
+	// -debug: the per-container lines checked below are debug level (the shim logs their timings).
+	cmd := exec.Command("/init", "-debug", "-agent-socket", "/agent.sock", "-stream-socket", "/stream.sock")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = []string{}
 	if noSwitch {
@@ -185,7 +186,7 @@ func bootAsPID1(t *testing.T, noSwitch bool) {
 	if _, err := client.Delete(ctx, &protocol.DeleteRequest{ContainerId: "c"}); err != nil {
 		t.Errorf("delete container: %v", err)
 	}
-	if c := console(); !strings.Contains(c, "lo=up netns=new") {
+	if c := console(); !strings.Contains(c, " lo=up ") || !strings.Contains(c, " netns=new ") {
 		t.Errorf("console does not log the container's own network namespace with lo up:\n%s", c)
 	}
 	want := "root_switch=pivot_root"

@@ -116,7 +116,7 @@ func (s *Service) waitCapacity(ctx context.Context, sys string, want uint64) (ui
 		}
 		if want == 0 || size == want {
 			if waited := time.Since(t0); waited > 5*time.Millisecond {
-				s.log.WithField("device", filepath.Base(sys)).WithField("waited", waited).Info("disk capacity settled")
+				s.log.WithField("device", filepath.Base(sys)).WithField("waited", waited).Debug("disk capacity settled")
 			}
 			return size, nil
 		}

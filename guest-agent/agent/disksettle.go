@@ -89,7 +89,7 @@ func (s *Service) settleDisk(ctx context.Context, dev, fstype string) error {
 	settled := func() error {
 		if waited := time.Since(t0); waited > 5*time.Millisecond {
 			// Worth seeing: the capacity change arrived after MountDisk.
-			s.log.WithField("device", dev).WithField("waited", waited).Info("disk capacity settled")
+			s.log.WithField("device", dev).WithField("waited", waited).Debug("disk capacity settled")
 		}
 		return nil
 	}

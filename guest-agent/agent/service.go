@@ -234,17 +234,19 @@ func (s *Service) CreateContainer(ctx context.Context, req *protocol.CreateConta
 	s.mu.Lock()
 	c.init = p
 	s.mu.Unlock()
-	log := s.log.WithFields(logrus.Fields{"container": c.id, "pid": p.pid, "root_switch": p.rootSwitch,
-		"cgroup_ms": ms(t1.Sub(t0)), "prepare_ms": ms(time.Since(t1))})
+	timing := fmt.Sprintf("cgroup=%.1f prepare=%.1f %s", ms(t1.Sub(t0)), ms(time.Since(t1)), p.prepared.Timing)
+	log := s.log.WithFields(logrus.Fields{"container": c.id, "pid": p.pid, "root_switch": p.rootSwitch})
 	if p.newNetnsLoUp {
 		log = log.WithFields(logrus.Fields{"netns": "new", "lo": "up"})
 	}
 	if p.rootSwitch != "pivot_root" {
 		log.Warn("container created without pivot_root (is / still the initramfs?)")
 	} else {
-		log.Info("container created")
+		// Debug: every byte on the console is a VM exit; the shim logs
+		// the timing it gets back.
+		log.WithField("ms", timing).Debug("container created")
 	}
-	return &protocol.CreateContainerResponse{Pid: uint32(p.pid)}, nil
+	return &protocol.CreateContainerResponse{Pid: uint32(p.pid), Timing: timing}, nil
 }
 
 // decodeCreate validates a create request without touching the system.
@@ -601,7 +603,7 @@ func (s *Service) Delete(ctx context.Context, req *protocol.DeleteRequest) (*pro
 	}
 	s.mu.Unlock()
 	_, e := p.status()
-	s.log.WithFields(logrus.Fields{"container": c.id, "exec": req.ExecId, "status": e.Code()}).Info("deleted")
+	s.log.WithFields(logrus.Fields{"container": c.id, "exec": req.ExecId, "status": e.Code()}).Debug("deleted")
 	return &protocol.DeleteResponse{ExitStatus: e.Code(), ExitedAtUnixNano: exitTime(e)}, nil
 }
 

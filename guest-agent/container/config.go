@@ -54,4 +54,9 @@ type statusMsg struct {
 	// LoopbackUp: the container has a network namespace of its own, and
 	// the helper brought its lo up.
 	LoopbackUp bool `json:"loopback_up,omitempty"`
+	// EnteredNS is CLOCK_MONOTONIC when the helper's main began (after
+	// execve and the Go runtime's start); StagesMS what its steps took
+	// ("ready" only): the agent logs both.
+	EnteredNS int64  `json:"entered_ns,omitempty"`
+	StagesMS  string `json:"stages_ms,omitempty"`
 }

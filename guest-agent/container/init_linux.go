@@ -26,8 +26,9 @@ func MaybeRunInit() {
 	// Namespace and credential changes below are per thread until execve
 	// makes this thread the whole process: never leave it.
 	runtime.LockOSThread()
+	entered := monotonicNS()
 	status := os.NewFile(statusFd, "status")
-	err := runInit(status)
+	err := runInit(status, entered)
 	// Only reached on failure.
 	kind := ""
 	switch {
@@ -45,7 +46,8 @@ func writeStatus(w io.Writer, m statusMsg) {
 	w.Write(append(b, '\n'))
 }
 
-func runInit(status *os.File) error {
+func runInit(status *os.File, entered int64) error {
+	st := newStages(entered)
 	unix.CloseOnExec(statusFd)
 	unix.CloseOnExec(startFd)
 	cfgFile := os.NewFile(configFd, "config")
@@ -57,10 +59,12 @@ func runInit(status *os.File) error {
 	if cfg.Process == nil {
 		return invalidf("init config without process")
 	}
+	st.mark("config")
 
 	if err := joinNamespaces(cfg.Join); err != nil {
 		return err
 	}
+	st.mark("join")
 	loopbackUp := false
 	if cfg.Mode == ModeCreate && NewNetns(cfg.Spec) {
 		// The kernel makes a new network namespace with lo down, and the
@@ -70,9 +74,10 @@ func runInit(status *os.File) error {
 			return fmt.Errorf("bring up lo in the container's new network namespace: %w", err)
 		}
 		loopbackUp = true
+		st.mark("lo")
 	}
 	if cfg.Mode == ModeCreate {
-		if err := setupRootfs(cfg.Rootfs, cfg.Spec); err != nil {
+		if err := setupRootfs(cfg.Rootfs, cfg.Spec, st); err != nil {
 			return err
 		}
 		if cfg.Spec.Hostname != "" {
@@ -80,6 +85,7 @@ func runInit(status *os.File) error {
 				return fmt.Errorf("sethostname %q: %w", cfg.Spec.Hostname, err)
 			}
 		}
+		st.mark("hostname")
 	}
 	p := cfg.Process
 	if p.Terminal {
@@ -141,12 +147,15 @@ func runInit(status *os.File) error {
 	if p.Terminal && !hasEnv(env, "TERM") {
 		env = append(env, "TERM=xterm")
 	}
+	st.mark("process")
 	bin, err := lookPath(p.Args[0], getEnv(env, "PATH"))
 	if err != nil {
 		return err
 	}
+	st.mark("path")
 
-	writeStatus(status, statusMsg{Stage: "ready", RootSwitch: rootSwitch, LoopbackUp: loopbackUp})
+	writeStatus(status, statusMsg{Stage: "ready", RootSwitch: rootSwitch, LoopbackUp: loopbackUp,
+		EnteredNS: entered, StagesMS: st.String()})
 	var b [1]byte
 	if n, _ := os.NewFile(startFd, "start").Read(b[:]); n != 1 {
 		// The agent dropped the process before starting it.

@@ -17,7 +17,7 @@ import (
 // the agent's namespace), spec mounts before devices (a /dev tmpfs would
 // hide them), pivot_root before sysctls and masked/readonly paths (those
 // paths are container paths).
-func setupRootfs(rootfs string, spec *specs.Spec) error {
+func setupRootfs(rootfs string, spec *specs.Spec, stg *stages) error {
 	if rootfs == "" {
 		return invalidf("no rootfs")
 	}
@@ -47,6 +47,7 @@ func setupRootfs(rootfs string, spec *specs.Spec) error {
 			hasDevTmpfs = true
 		}
 	}
+	stg.mark("mounts")
 	if hasDevTmpfs {
 		if err := populateDev(rootfs); err != nil {
 			return err
@@ -57,9 +58,11 @@ func setupRootfs(rootfs string, spec *specs.Spec) error {
 			return err
 		}
 	}
+	stg.mark("dev")
 	if err := pivotRoot(rootfs); err != nil {
 		return err
 	}
+	stg.mark("pivot")
 	if p := spec.Linux.RootfsPropagation; p != "" {
 		if err := unix.Mount("", "/", "", propagationFlags[p], ""); err != nil {
 			return fmt.Errorf("set rootfs propagation %s: %w", p, err)
@@ -74,16 +77,19 @@ func setupRootfs(rootfs string, spec *specs.Spec) error {
 			return fmt.Errorf("sysctl %s=%s: %w", k, v, err)
 		}
 	}
+	stg.mark("sysctl")
 	for _, p := range spec.Linux.MaskedPaths {
 		if err := maskPath(p); err != nil {
 			return err
 		}
 	}
+	stg.mark("masked")
 	for _, p := range spec.Linux.ReadonlyPaths {
 		if err := readonlyPath(p); err != nil {
 			return err
 		}
 	}
+	stg.mark("readonly")
 	if spec.Root != nil && spec.Root.Readonly {
 		if err := unix.Mount("", "/", "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
 			return fmt.Errorf("remount rootfs read-only: %w", err)

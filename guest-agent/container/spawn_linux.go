@@ -53,6 +53,11 @@ type Prepared[E any] struct {
 	// Console is the pty master of a Terminal process (nil otherwise); the
 	// caller owns it.
 	Console *os.File
+	// Timing: what the preparation took, for the caller's log ("fork=…
+	// exec=… config=… rootfs=… ready=…", ms): fork is clone and execve as
+	// seen by the caller, exec from there to the helper's main (the Go
+	// runtime's start), then the helper's steps, ready the status back.
+	Timing string
 	Exited  <-chan E
 	start   *os.File
 	status  *bufio.Reader
@@ -179,7 +184,10 @@ func Prepare[E any](o SpawnOptions, starter Starter[E]) (*Prepared[E], error) {
 			// the pid-namespace path below does on purpose.
 		},
 	}
+	var forkNS, forkedNS int64
 	startFn := func() (int, error) {
+		forkNS = monotonicNS()
+		defer func() { forkedNS = monotonicNS() }()
 		if err := cmd.Start(); err != nil {
 			return 0, fmt.Errorf("start container helper: %w", err)
 		}
@@ -236,6 +244,8 @@ func Prepare[E any](o SpawnOptions, starter Starter[E]) (*Prepared[E], error) {
 		return nil, fmt.Errorf("container helper exited before it was ready")
 	}
 	p.RootSwitch, p.LoopbackUp = m.RootSwitch, m.LoopbackUp
+	p.Timing = fmt.Sprintf("fork=%.1f exec=%.1f %s ready=%.1f", float64(forkedNS-forkNS)/1e6,
+		float64(m.EnteredNS-forkedNS)/1e6, m.StagesMS, float64(monotonicNS()-forkNS)/1e6)
 	if console != nil {
 		// The helper sent the master before "ready": it is queued on the socket.
 		if p.Console, err = recvConsole(console); err != nil {

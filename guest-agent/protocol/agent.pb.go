@@ -397,9 +397,12 @@ func (x *MountDiskRequest) GetReadOnly() bool {
 }
 
 type MountDiskResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	MountPoint    string                 `protobuf:"bytes,1,opt,name=mount_point,json=mountPoint,proto3" json:"mount_point,omitempty"`
-	Device        string                 `protobuf:"bytes,2,opt,name=device,proto3" json:"device,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	MountPoint string                 `protobuf:"bytes,1,opt,name=mount_point,json=mountPoint,proto3" json:"mount_point,omitempty"`
+	Device     string                 `protobuf:"bytes,2,opt,name=device,proto3" json:"device,omitempty"`
+	// What the mount took in the guest ("settle=… mount=…", ms), for the
+	// host's log: the guest's console costs a VM exit per byte.
+	Timing        string `protobuf:"bytes,3,opt,name=timing,proto3" json:"timing,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -444,6 +447,13 @@ func (x *MountDiskResponse) GetMountPoint() string {
 func (x *MountDiskResponse) GetDevice() string {
 	if x != nil {
 		return x.Device
+	}
+	return ""
+}
+
+func (x *MountDiskResponse) GetTiming() string {
+	if x != nil {
+		return x.Timing
 	}
 	return ""
 }
@@ -753,8 +763,11 @@ func (x *CreateContainerRequest) GetStdio() *Stdio {
 }
 
 type CreateContainerResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Pid           uint32                 `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Pid   uint32                 `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	// What the create took in the guest ("cgroup=… helper=… fork=… exec=…
+	// …", ms; container.Prepared.Timing), for the host's log.
+	Timing        string `protobuf:"bytes,2,opt,name=timing,proto3" json:"timing,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -794,6 +807,13 @@ func (x *CreateContainerResponse) GetPid() uint32 {
 		return x.Pid
 	}
 	return 0
+}
+
+func (x *CreateContainerResponse) GetTiming() string {
+	if x != nil {
+		return x.Timing
+	}
+	return ""
 }
 
 type ExecProcessRequest struct {
@@ -3554,11 +3574,12 @@ const file_agent_proto_rawDesc = "" +
 	"mountPoint\x12\x17\n" +
 	"\afs_type\x18\x03 \x01(\tR\x06fsType\x12\x18\n" +
 	"\aoptions\x18\x04 \x03(\tR\aoptions\x12\x1b\n" +
-	"\tread_only\x18\x05 \x01(\bR\breadOnly\"L\n" +
+	"\tread_only\x18\x05 \x01(\bR\breadOnly\"d\n" +
 	"\x11MountDiskResponse\x12\x1f\n" +
 	"\vmount_point\x18\x01 \x01(\tR\n" +
 	"mountPoint\x12\x16\n" +
-	"\x06device\x18\x02 \x01(\tR\x06device\"K\n" +
+	"\x06device\x18\x02 \x01(\tR\x06device\x12\x16\n" +
+	"\x06timing\x18\x03 \x01(\tR\x06timing\"K\n" +
 	"\x12BlockDeviceRequest\x12\x16\n" +
 	"\x06serial\x18\x01 \x01(\tR\x06serial\x12\x1d\n" +
 	"\n" +
@@ -3580,9 +3601,10 @@ const file_agent_proto_rawDesc = "" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x12\n" +
 	"\x04spec\x18\x02 \x01(\fR\x04spec\x12\x16\n" +
 	"\x06rootfs\x18\x03 \x01(\tR\x06rootfs\x12*\n" +
-	"\x05stdio\x18\x04 \x01(\v2\x14.cube.agent.v1.StdioR\x05stdio\"+\n" +
+	"\x05stdio\x18\x04 \x01(\v2\x14.cube.agent.v1.StdioR\x05stdio\"C\n" +
 	"\x17CreateContainerResponse\x12\x10\n" +
-	"\x03pid\x18\x01 \x01(\rR\x03pid\"\x96\x01\n" +
+	"\x03pid\x18\x01 \x01(\rR\x03pid\x12\x16\n" +
+	"\x06timing\x18\x02 \x01(\tR\x06timing\"\x96\x01\n" +
 	"\x12ExecProcessRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x17\n" +
 	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x18\n" +

@@ -121,13 +121,15 @@ func BenchmarkFirstTouch(b *testing.B) {
 		fmt.Printf(" %d |\n", other*10)
 	}
 	fmt.Printf("\nOne sandbox each: `ctr run -d` then `ctr task exec … true` ×3; KVM counters of its VM (test host debugfs)\n\n")
-	fmt.Printf("| variant | step | took | exits | nested page faults (pf_taken) | pf_fixed |\n|---|---|---|---|---|---|\n")
+	fmt.Printf("| variant | step | took | exits | of them: pio | mmio | hlt | irq | nested page faults (pf_taken) | pf_fixed |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	counts := func(c map[string]int64) string {
+		return fmt.Sprintf("%d | %d | %d | %d | %d | %d | %d", c["exits"], c["io_exits"], c["mmio_exits"], c["halt_exits"],
+			c["irq_exits"], c["pf_taken"], c["pf_fixed"])
+	}
 	for _, r := range rows {
-		fmt.Printf("| %s | ctr run -d (VM total) | %v | %d | %d | %d |\n", r.name, r.run.Round(time.Millisecond),
-			r.runC["exits"], r.runC["pf_taken"], r.runC["pf_fixed"])
+		fmt.Printf("| %s | ctr run -d (VM total) | %v | %s |\n", r.name, r.run.Round(time.Millisecond), counts(r.runC))
 		for i, e := range r.execs {
-			c := r.execCs[i]
-			fmt.Printf("| %s | exec %d | %v | %d | %d | %d |\n", r.name, i+1, e.Round(time.Millisecond), c["exits"], c["pf_taken"], c["pf_fixed"])
+			fmt.Printf("| %s | exec %d | %v | %s |\n", r.name, i+1, e.Round(time.Millisecond), counts(r.execCs[i]))
 		}
 		if len(r.execs) == 3 {
 			dpf := r.execCs[0]["pf_taken"] - r.execCs[2]["pf_taken"]
@@ -203,7 +205,7 @@ func vmDebugDir(before []string) (string, error) {
 }
 
 // firstTouchCounters are the VM's KVM counters BenchmarkFirstTouch shows.
-var firstTouchCounters = []string{"exits", "pf_taken", "pf_fixed"}
+var firstTouchCounters = []string{"exits", "io_exits", "mmio_exits", "halt_exits", "irq_exits", "pf_taken", "pf_fixed"}
 
 func diffStats(now, prev map[string]int64) map[string]int64 {
 	m := map[string]int64{}

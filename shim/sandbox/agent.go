@@ -40,6 +40,23 @@ type ExecProcessRequest struct {
 	Stdio               StdioFlags
 }
 
+// MountedDisk is what MountDisk answers: the guest mount point and what the
+// mount took in the guest ("settle=… mount=…", ms; empty from an older
+// agent), which the shim logs: the guest's own log lines cost a VM exit
+// per byte of its serial console.
+type MountedDisk struct {
+	MountPoint string
+	Timing     string
+}
+
+// CreatedContainer is what CreateContainer answers: the init's guest pid
+// and what the create took in the guest ("cgroup=… prepare=… fork=… …",
+// ms; empty from an older agent), for the shim's log.
+type CreatedContainer struct {
+	Pid    uint32
+	Timing string
+}
+
 // MountDiskRequest mirrors cube.agent.v1.MountDiskRequest.
 type MountDiskRequest struct {
 	Serial, MountPoint, FSType string
@@ -67,14 +84,14 @@ type ExitStatus struct {
 // client to it; tests use sandboxtest's fake.
 type AgentClient interface {
 	Health(ctx context.Context) error
-	MountDisk(ctx context.Context, req MountDiskRequest) (mountPoint string, err error)
+	MountDisk(ctx context.Context, req MountDiskRequest) (MountedDisk, error)
 	UnmountDisk(ctx context.Context, mountPoint string) error
 	// BlockDevice finds the drive with serial (a raw block volume's slot),
 	// waits until the guest sees size bytes (0: no wait) and returns its
 	// guest device numbers. An agent older than the call answers
 	// FailedPrecondition.
 	BlockDevice(ctx context.Context, serial string, size uint64) (GuestBlockDevice, error)
-	CreateContainer(ctx context.Context, req CreateContainerRequest) (pid uint32, err error)
+	CreateContainer(ctx context.Context, req CreateContainerRequest) (CreatedContainer, error)
 	ExecProcess(ctx context.Context, req ExecProcessRequest) (pid uint32, err error)
 	Start(ctx context.Context, containerID, execID string) (pid uint32, err error)
 	Signal(ctx context.Context, containerID, execID string, signal uint32, all bool) error

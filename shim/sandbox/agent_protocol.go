@@ -74,15 +74,15 @@ func (a *protocolAgent) Health(ctx context.Context) error {
 	return nil
 }
 
-func (a *protocolAgent) MountDisk(ctx context.Context, req MountDiskRequest) (string, error) {
+func (a *protocolAgent) MountDisk(ctx context.Context, req MountDiskRequest) (MountedDisk, error) {
 	r, err := a.c.MountDisk(ctx, &protocol.MountDiskRequest{
 		Serial: req.Serial, MountPoint: req.MountPoint, FsType: req.FSType,
 		Options: req.Options, ReadOnly: req.ReadOnly,
 	})
 	if err != nil {
-		return "", err
+		return MountedDisk{}, err
 	}
-	return r.GetMountPoint(), nil
+	return MountedDisk{MountPoint: r.GetMountPoint(), Timing: r.GetTiming()}, nil
 }
 
 func (a *protocolAgent) UnmountDisk(ctx context.Context, mp string) error {
@@ -105,14 +105,14 @@ func stdio(f StdioFlags) *protocol.Stdio {
 	return &protocol.Stdio{Stdin: f.Stdin, Stdout: f.Stdout, Stderr: f.Stderr}
 }
 
-func (a *protocolAgent) CreateContainer(ctx context.Context, req CreateContainerRequest) (uint32, error) {
+func (a *protocolAgent) CreateContainer(ctx context.Context, req CreateContainerRequest) (CreatedContainer, error) {
 	r, err := a.c.CreateContainer(ctx, &protocol.CreateContainerRequest{
 		ContainerId: req.ContainerID, Spec: req.Spec, Rootfs: req.Rootfs, Stdio: stdio(req.Stdio),
 	})
 	if err != nil {
-		return 0, err
+		return CreatedContainer{}, err
 	}
-	return r.GetPid(), nil
+	return CreatedContainer{Pid: r.GetPid(), Timing: r.GetTiming()}, nil
 }
 
 func (a *protocolAgent) ExecProcess(ctx context.Context, req ExecProcessRequest) (uint32, error) {

@@ -29,12 +29,12 @@ func (s *stubAgentService) Health(ctx context.Context, _ *protocol.HealthRequest
 }
 
 func (s *stubAgentService) MountDisk(ctx context.Context, r *protocol.MountDiskRequest) (*protocol.MountDiskResponse, error) {
-	return &protocol.MountDiskResponse{MountPoint: "/run/cube/disks/" + r.GetSerial(), Device: "/dev/vda"}, nil
+	return &protocol.MountDiskResponse{MountPoint: "/run/cube/disks/" + r.GetSerial(), Device: "/dev/vda", Timing: "settle=1.0 mount=2.0"}, nil
 }
 
 func (s *stubAgentService) CreateContainer(ctx context.Context, r *protocol.CreateContainerRequest) (*protocol.CreateContainerResponse, error) {
 	s.created = r
-	return &protocol.CreateContainerResponse{Pid: 42}, nil
+	return &protocol.CreateContainerResponse{Pid: 42, Timing: "cgroup=1.0 prepare=2.0"}, nil
 }
 
 func (s *stubAgentService) Wait(ctx context.Context, r *protocol.WaitRequest) (*protocol.WaitResponse, error) {
@@ -134,14 +134,15 @@ func TestProtocolAdapter(t *testing.T) {
 	if err := a.Health(ctx); err != nil {
 		t.Fatal(err)
 	}
-	mp, err := a.MountDisk(ctx, MountDiskRequest{Serial: "cube-slot-0", FSType: "ext4"})
-	if err != nil || mp != "/run/cube/disks/cube-slot-0" {
-		t.Fatalf("mount %q %v", mp, err)
+	md, err := a.MountDisk(ctx, MountDiskRequest{Serial: "cube-slot-0", FSType: "ext4"})
+	mp := md.MountPoint
+	if err != nil || mp != "/run/cube/disks/cube-slot-0" || md.Timing != "settle=1.0 mount=2.0" {
+		t.Fatalf("mount %+v %v", md, err)
 	}
-	pid, err := a.CreateContainer(ctx, CreateContainerRequest{ContainerID: "c1", Spec: []byte(`{"ociVersion":"1.0.2"}`),
+	created, err := a.CreateContainer(ctx, CreateContainerRequest{ContainerID: "c1", Spec: []byte(`{"ociVersion":"1.0.2"}`),
 		Rootfs: mp, Stdio: StdioFlags{Stdout: true}})
-	if err != nil || pid != 42 {
-		t.Fatalf("create %d %v", pid, err)
+	if err != nil || created.Pid != 42 || created.Timing != "cgroup=1.0 prepare=2.0" {
+		t.Fatalf("create %+v %v", created, err)
 	}
 	if c := stub.created; c.GetContainerId() != "c1" || c.GetRootfs() != mp || !c.GetStdio().GetStdout() || c.GetStdio().GetStdin() || string(c.GetSpec()) != `{"ociVersion":"1.0.2"}` {
 		t.Fatalf("agent got %v", c)

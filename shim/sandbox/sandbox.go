@@ -297,10 +297,11 @@ func (s *Sandbox) teardown(unexpected bool) {
 // mountRootfs mounts the rootfs disk in slot serial in the guest and logs
 // "rootfs attached" with steps (which may hold earlier steps of the attach).
 func (s *Sandbox) mountRootfs(ctx context.Context, agent AgentClient, containerID, serial string, steps *Steps) (string, error) {
-	mp, err := agent.MountDisk(ctx, MountDiskRequest{Serial: serial, FSType: "ext4"})
+	md, err := agent.MountDisk(ctx, MountDiskRequest{Serial: serial, FSType: "ext4"})
 	steps.Mark("mount")
-	s.o.Log.WithFields(logrus.Fields{"container": containerID, "serial": serial, "steps_ms": steps.String()}).Info("rootfs attached")
-	return mp, err
+	s.o.Log.WithFields(logrus.Fields{"container": containerID, "serial": serial, "steps_ms": steps.String(),
+		"guest_ms": md.Timing}).Info("rootfs attached")
+	return md.MountPoint, err
 }
 
 // AttachRootfs gives containerID's rootfs image to the guest and mounts it

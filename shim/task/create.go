@@ -245,10 +245,13 @@ func (s *Service) Create(ctx context.Context, req *taskAPI.CreateTaskRequest) (_
 	}
 	steps.Mark("spec")
 	uris := stdioURIs{stdin: req.Stdin, stdout: req.Stdout, stderr: req.Stderr, terminal: req.Terminal || spec.Process.Terminal}
+	var created sandbox.CreatedContainer
 	p, err := s.newProcess(ctx, sb, req.ID, "", uris, steps, func(ctx context.Context, flags sandbox.StdioFlags) (uint32, error) {
-		return sb.Agent().CreateContainer(ctx, sandbox.CreateContainerRequest{
+		var err error
+		created, err = sb.Agent().CreateContainer(ctx, sandbox.CreateContainerRequest{
 			ContainerID: req.ID, Spec: guestSpec, Rootfs: mountPoint, Stdio: flags,
 		})
+		return created.Pid, err
 	})
 	if err != nil {
 		return nil, err
@@ -266,7 +269,7 @@ func (s *Service) Create(ctx context.Context, req *taskAPI.CreateTaskRequest) (_
 		Pid: pid,
 	})
 	s.o.Log.WithFields(logrus.Fields{"container": req.ID, "booted": booted, "total_ms": sandbox.MS(steps.Total()),
-		"steps_ms": steps.String()}).Info("container created")
+		"steps_ms": steps.String(), "guest_ms": created.Timing}).Info("container created")
 	return &taskAPI.CreateTaskResponse{Pid: pid}, nil
 }
 

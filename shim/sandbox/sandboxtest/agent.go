@@ -185,7 +185,15 @@ func (a *Agent) BlockDevice(ctx context.Context, serial string, size uint64) (sa
 	return sandbox.GuestBlockDevice{Device: "/dev/vd" + string(rune('a'+n)), Major: 253, Minor: uint32(16 * n), Size: size}, nil
 }
 
-func (a *Agent) MountDisk(ctx context.Context, req sandbox.MountDiskRequest) (string, error) {
+func (a *Agent) MountDisk(ctx context.Context, req sandbox.MountDiskRequest) (sandbox.MountedDisk, error) {
+	mp, err := a.mountDisk(req)
+	if err != nil {
+		return sandbox.MountedDisk{}, err
+	}
+	return sandbox.MountedDisk{MountPoint: mp, Timing: "fake=0"}, nil
+}
+
+func (a *Agent) mountDisk(req sandbox.MountDiskRequest) (string, error) {
 	if err := a.enter("MountDisk"); err != nil {
 		return "", err
 	}
@@ -226,7 +234,15 @@ func (a *Agent) newProc(args []string, terminal bool, want sandbox.StdioFlags) *
 		state: "created", sig: make(chan uint32, 8), exited: make(chan struct{}), gone: make(chan struct{})}
 }
 
-func (a *Agent) CreateContainer(ctx context.Context, req sandbox.CreateContainerRequest) (uint32, error) {
+func (a *Agent) CreateContainer(ctx context.Context, req sandbox.CreateContainerRequest) (sandbox.CreatedContainer, error) {
+	pid, err := a.createContainer(req)
+	if err != nil {
+		return sandbox.CreatedContainer{}, err
+	}
+	return sandbox.CreatedContainer{Pid: pid, Timing: "fake=0"}, nil
+}
+
+func (a *Agent) createContainer(req sandbox.CreateContainerRequest) (uint32, error) {
 	if err := a.enter("CreateContainer"); err != nil {
 		return 0, err
 	}
