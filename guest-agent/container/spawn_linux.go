@@ -58,10 +58,10 @@ type Prepared[E any] struct {
 	// seen by the caller, exec from there to the helper's main (the Go
 	// runtime's start), then the helper's steps, ready the status back.
 	Timing string
-	Exited  <-chan E
-	start   *os.File
-	status  *bufio.Reader
-	statF   *os.File
+	Exited <-chan E
+	start  *os.File
+	status *bufio.Reader
+	statF  *os.File
 }
 
 // Prepare forks the helper and waits until it has set everything up. On
