@@ -85,6 +85,9 @@ type Service struct {
 	frozen     map[string]bool
 	// treeMu serializes SyncTree and PrepareVolume.
 	treeMu sync.Mutex
+	// spareMu guards spare: a parked container helper (PrepareSpare).
+	spareMu sync.Mutex
+	spare   *container.Spare[initsys.Exit]
 
 	resets    atomic.Uint64
 	reseeds   atomic.Uint64 // successful CRNG reseeds (Health.rng_reseeds)
@@ -300,7 +303,7 @@ func (s *Service) prepare(c *containerEntry, execID string, stdio *protocol.Stdi
 	}
 	o.Helper = s.cfg.HelperPath
 	o.Stdin, o.Stdout, o.Stderr, o.Terminal = child[0], child[1], child[2], proc.Terminal
-	prep, err := container.Prepare(o, container.Starter[initsys.Exit](s.cfg.Reaper.Start))
+	prep, err := s.prepareHelper(c, o)
 	closeChild(child) // the child has its copies (or failed)
 	if err != nil {
 		p.closeStdio()

@@ -28,7 +28,12 @@ func MaybeRunInit() {
 	runtime.LockOSThread()
 	entered := monotonicNS()
 	status := os.NewFile(statusFd, "status")
-	err := runInit(status, entered)
+	var err error
+	if len(os.Args) > 1 && os.Args[1] == spareArg {
+		err = runSpare(status, entered)
+	} else {
+		err = runInit(status, entered, false)
+	}
 	// Only reached on failure.
 	kind := ""
 	switch {
@@ -46,7 +51,9 @@ func writeStatus(w io.Writer, m statusMsg) {
 	w.Write(append(b, '\n'))
 }
 
-func runInit(status *os.File, entered int64) error {
+// runInit sets the container up from the config on configFd, reports
+// "ready" and execs on the go-ahead. loUp: lo is already up (a spare).
+func runInit(status *os.File, entered int64, loUp bool) error {
 	st := newStages(entered)
 	unix.CloseOnExec(statusFd)
 	unix.CloseOnExec(startFd)
@@ -65,15 +72,11 @@ func runInit(status *os.File, entered int64) error {
 		return err
 	}
 	st.mark("join")
-	loopbackUp := false
-	if cfg.Mode == ModeCreate && NewNetns(cfg.Spec) {
-		// The kernel makes a new network namespace with lo down, and the
-		// container's programs expect 127.0.0.1 to answer. Joined namespaces
-		// (a pod's) were set up by whoever created them.
-		if _, err := netif.LoopbackUp(); err != nil {
-			return fmt.Errorf("bring up lo in the container's new network namespace: %w", err)
+	if cfg.Mode == ModeCreate && NewNetns(cfg.Spec) && !loUp {
+		if err := loopbackUp(); err != nil {
+			return err
 		}
-		loopbackUp = true
+		loUp = true
 		st.mark("lo")
 	}
 	if cfg.Mode == ModeCreate {
@@ -154,7 +157,7 @@ func runInit(status *os.File, entered int64) error {
 	}
 	st.mark("path")
 
-	writeStatus(status, statusMsg{Stage: "ready", RootSwitch: rootSwitch, LoopbackUp: loopbackUp,
+	writeStatus(status, statusMsg{Stage: "ready", RootSwitch: rootSwitch, LoopbackUp: loUp,
 		EnteredNS: entered, StagesMS: st.String()})
 	var b [1]byte
 	if n, _ := os.NewFile(startFd, "start").Read(b[:]); n != 1 {
@@ -163,6 +166,16 @@ func runInit(status *os.File, entered int64) error {
 	}
 	err = unix.Exec(bin, p.Args, env)
 	return fmt.Errorf("exec %q: %w", bin, err)
+}
+
+// loopbackUp brings up lo: the kernel makes a new network namespace with lo
+// down, and the container's programs expect 127.0.0.1 to answer. Joined
+// namespaces (a pod's) were set up by whoever created them.
+func loopbackUp() error {
+	if _, err := netif.LoopbackUp(); err != nil {
+		return fmt.Errorf("bring up lo in the container's new network namespace: %w", err)
+	}
+	return nil
 }
 
 // setupConsole opens a pty in the container's /dev/ptmx (the container's

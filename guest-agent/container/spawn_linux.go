@@ -138,15 +138,13 @@ func Prepare[E any](o SpawnOptions, starter Starter[E]) (*Prepared[E], error) {
 	extra := []*os.File{cfgR, statW, startR} // fds 3, 4, 5
 	var console *os.File                     // our end of the console socket
 	if o.Terminal {
-		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
+		var child *os.File
+		if console, child, err = socketPair("console-socket"); err != nil {
 			cfgW.Close()
 			statR.Close()
 			startW.Close()
-			return nil, fmt.Errorf("console socketpair: %w", err)
+			return nil, err
 		}
-		console = os.NewFile(uintptr(fds[0]), "console-socket")
-		child := os.NewFile(uintptr(fds[1]), "console-socket-child")
 		closeAfter = append(closeAfter, child, console)
 		extra = append(extra, child) // fd 6
 	}
@@ -166,35 +164,8 @@ func Prepare[E any](o SpawnOptions, starter Starter[E]) (*Prepared[E], error) {
 		}
 		return f
 	}
-	cmd := &exec.Cmd{
-		Path:       helper,
-		Args:       []string{InitArg0},
-		Env:        []string{},
-		Stdin:      orNull(o.Stdin),
-		Stdout:     orNull(o.Stdout),
-		Stderr:     orNull(o.Stderr),
-		ExtraFiles: extra,
-		SysProcAttr: &syscall.SysProcAttr{
-			Cloneflags: cloneFlags,
-			// A session leader without a terminal: the helper takes its pty as controlling terminal.
-			Setsid:      true,
-			UseCgroupFD: o.CgroupFD > 0,
-			CgroupFD:    o.CgroupFD,
-			// No Pdeathsig: it fires when the forking *thread* exits, which
-			// the pid-namespace path below does on purpose.
-		},
-	}
-	var forkNS, forkedNS int64
-	startFn := func() (int, error) {
-		forkNS = monotonicNS()
-		defer func() { forkedNS = monotonicNS() }()
-		if err := cmd.Start(); err != nil {
-			return 0, fmt.Errorf("start container helper: %w", err)
-		}
-		pid := cmd.Process.Pid
-		cmd.Process.Release()
-		return pid, nil
-	}
+	h := helperProc{path: helper, args: []string{InitArg0}, stdio: [3]*os.File{orNull(o.Stdin), orNull(o.Stdout), orNull(o.Stderr)},
+		extra: extra, cloneFlags: cloneFlags, cgroupFD: o.CgroupFD}
 	var (
 		pid    int
 		exited <-chan E
@@ -215,12 +186,12 @@ func Prepare[E any](o SpawnOptions, starter Starter[E]) (*Prepared[E], error) {
 				errc <- fmt.Errorf("setns pid namespace %s: %w", pidNs, err)
 				return
 			}
-			pid, exited, err = starter(startFn)
+			pid, exited, err = startHelper(&h, starter)
 			errc <- err
 		}()
 		err = <-errc
 	} else {
-		pid, exited, err = starter(startFn)
+		pid, exited, err = startHelper(&h, starter)
 	}
 	if err != nil {
 		cfgW.Close()
@@ -228,12 +199,25 @@ func Prepare[E any](o SpawnOptions, starter Starter[E]) (*Prepared[E], error) {
 		startW.Close()
 		return nil, err
 	}
+	p := &Prepared[E]{Pid: pid, Exited: exited, start: startW, statF: statR, status: bufio.NewReader(statR)}
+	m, err := p.await(cfgW, payload, console)
+	if err != nil {
+		return nil, err
+	}
+	p.Timing = fmt.Sprintf("fork=%.1f exec=%.1f %s ready=%.1f", float64(h.forkedNS-h.forkNS)/1e6,
+		float64(m.EnteredNS-h.forkedNS)/1e6, m.StagesMS, float64(monotonicNS()-h.forkNS)/1e6)
+	return p, nil
+}
+
+// await sends the helper its config and waits until it is ready; console
+// is our end of the console socket of a terminal process (nil otherwise).
+// On error the helper is gone or killed.
+func (p *Prepared[E]) await(cfgW *os.File, payload []byte, console *os.File) (*statusMsg, error) {
 	// The spec can exceed a pipe buffer; the helper reads it concurrently.
 	go func() {
 		cfgW.Write(payload)
 		cfgW.Close()
 	}()
-	p := &Prepared[E]{Pid: pid, Exited: exited, start: startW, statF: statR, status: bufio.NewReader(statR)}
 	m, err := p.readStatus()
 	if err != nil {
 		p.close()
@@ -244,8 +228,6 @@ func Prepare[E any](o SpawnOptions, starter Starter[E]) (*Prepared[E], error) {
 		return nil, fmt.Errorf("container helper exited before it was ready")
 	}
 	p.RootSwitch, p.LoopbackUp = m.RootSwitch, m.LoopbackUp
-	p.Timing = fmt.Sprintf("fork=%.1f exec=%.1f %s ready=%.1f", float64(forkedNS-forkNS)/1e6,
-		float64(m.EnteredNS-forkedNS)/1e6, m.StagesMS, float64(monotonicNS()-forkNS)/1e6)
 	if console != nil {
 		// The helper sent the master before "ready": it is queued on the socket.
 		if p.Console, err = recvConsole(console); err != nil {
@@ -253,7 +235,61 @@ func Prepare[E any](o SpawnOptions, starter Starter[E]) (*Prepared[E], error) {
 			return nil, err
 		}
 	}
-	return p, nil
+	return m, nil
+}
+
+// helperProc is one helper to fork: its binary, argv, stdio, the files
+// after them (fd 3 on), and how it is cloned. forkNS and forkedNS time the
+// fork (CLOCK_MONOTONIC), for the caller's timing.
+type helperProc struct {
+	path             string
+	args             []string
+	stdio            [3]*os.File
+	extra            []*os.File
+	cloneFlags       uintptr
+	cgroupFD         int
+	forkNS, forkedNS int64
+}
+
+// startHelper forks and execs h through starter (the agent's reaper).
+func startHelper[E any](h *helperProc, starter Starter[E]) (int, <-chan E, error) {
+	cmd := &exec.Cmd{
+		Path:       h.path,
+		Args:       h.args,
+		Env:        []string{},
+		Stdin:      h.stdio[0],
+		Stdout:     h.stdio[1],
+		Stderr:     h.stdio[2],
+		ExtraFiles: h.extra,
+		SysProcAttr: &syscall.SysProcAttr{
+			Cloneflags: h.cloneFlags,
+			// A session leader without a terminal: the helper takes its pty as controlling terminal.
+			Setsid:      true,
+			UseCgroupFD: h.cgroupFD > 0,
+			CgroupFD:    h.cgroupFD,
+			// No Pdeathsig: it fires when the forking *thread* exits, which
+			// the pid-namespace path in Prepare does on purpose.
+		},
+	}
+	return starter(func() (int, error) {
+		h.forkNS = monotonicNS()
+		defer func() { h.forkedNS = monotonicNS() }()
+		if err := cmd.Start(); err != nil {
+			return 0, fmt.Errorf("start container helper: %w", err)
+		}
+		pid := cmd.Process.Pid
+		cmd.Process.Release()
+		return pid, nil
+	})
+}
+
+// socketPair makes a SOCK_SEQPACKET pair: ours, and theirs for a helper.
+func socketPair(name string) (ours, theirs *os.File, err error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s socketpair: %w", name, err)
+	}
+	return os.NewFile(uintptr(fds[0]), name), os.NewFile(uintptr(fds[1]), name+"-child"), nil
 }
 
 // recvConsole receives the pty master the helper sent on the console socket.

@@ -75,7 +75,7 @@ func (x TreeEntry_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TreeEntry_Kind.Descriptor instead.
 func (TreeEntry_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{56, 0}
+	return file_agent_proto_rawDescGZIP(), []int{58, 0}
 }
 
 type Empty struct {
@@ -816,6 +816,106 @@ func (x *CreateContainerResponse) GetTiming() string {
 	return ""
 }
 
+type PrepareSpareRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// OCI namespace types ("pid", "network", …); empty: containerd's
+	// default container (pid, ipc, uts, mount, network).
+	Namespaces    []string `protobuf:"bytes,1,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrepareSpareRequest) Reset() {
+	*x = PrepareSpareRequest{}
+	mi := &file_agent_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrepareSpareRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrepareSpareRequest) ProtoMessage() {}
+
+func (x *PrepareSpareRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrepareSpareRequest.ProtoReflect.Descriptor instead.
+func (*PrepareSpareRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *PrepareSpareRequest) GetNamespaces() []string {
+	if x != nil {
+		return x.Namespaces
+	}
+	return nil
+}
+
+type PrepareSpareResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Pid   uint32                 `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	// What making it took ("fork=… exec=… lo=…", ms); empty when one was
+	// already parked.
+	Timing        string `protobuf:"bytes,2,opt,name=timing,proto3" json:"timing,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrepareSpareResponse) Reset() {
+	*x = PrepareSpareResponse{}
+	mi := &file_agent_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrepareSpareResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrepareSpareResponse) ProtoMessage() {}
+
+func (x *PrepareSpareResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrepareSpareResponse.ProtoReflect.Descriptor instead.
+func (*PrepareSpareResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *PrepareSpareResponse) GetPid() uint32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *PrepareSpareResponse) GetTiming() string {
+	if x != nil {
+		return x.Timing
+	}
+	return ""
+}
+
 type ExecProcessRequest struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	ContainerId string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
@@ -829,7 +929,7 @@ type ExecProcessRequest struct {
 
 func (x *ExecProcessRequest) Reset() {
 	*x = ExecProcessRequest{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -841,7 +941,7 @@ func (x *ExecProcessRequest) String() string {
 func (*ExecProcessRequest) ProtoMessage() {}
 
 func (x *ExecProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -854,7 +954,7 @@ func (x *ExecProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecProcessRequest.ProtoReflect.Descriptor instead.
 func (*ExecProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ExecProcessRequest) GetContainerId() string {
@@ -894,7 +994,7 @@ type ExecProcessResponse struct {
 
 func (x *ExecProcessResponse) Reset() {
 	*x = ExecProcessResponse{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -906,7 +1006,7 @@ func (x *ExecProcessResponse) String() string {
 func (*ExecProcessResponse) ProtoMessage() {}
 
 func (x *ExecProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -919,7 +1019,7 @@ func (x *ExecProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecProcessResponse.ProtoReflect.Descriptor instead.
 func (*ExecProcessResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ExecProcessResponse) GetPid() uint32 {
@@ -939,7 +1039,7 @@ type StartRequest struct {
 
 func (x *StartRequest) Reset() {
 	*x = StartRequest{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -951,7 +1051,7 @@ func (x *StartRequest) String() string {
 func (*StartRequest) ProtoMessage() {}
 
 func (x *StartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -964,7 +1064,7 @@ func (x *StartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRequest.ProtoReflect.Descriptor instead.
 func (*StartRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *StartRequest) GetContainerId() string {
@@ -990,7 +1090,7 @@ type StartResponse struct {
 
 func (x *StartResponse) Reset() {
 	*x = StartResponse{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1002,7 +1102,7 @@ func (x *StartResponse) String() string {
 func (*StartResponse) ProtoMessage() {}
 
 func (x *StartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1015,7 +1115,7 @@ func (x *StartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartResponse.ProtoReflect.Descriptor instead.
 func (*StartResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StartResponse) GetPid() uint32 {
@@ -1037,7 +1137,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1049,7 +1149,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1062,7 +1162,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SignalRequest) GetContainerId() string {
@@ -1103,7 +1203,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1115,7 +1215,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1128,7 +1228,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WaitRequest) GetContainerId() string {
@@ -1158,7 +1258,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1170,7 +1270,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1183,7 +1283,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WaitResponse) GetExitStatus() uint32 {
@@ -1217,7 +1317,7 @@ type StateRequest struct {
 
 func (x *StateRequest) Reset() {
 	*x = StateRequest{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1229,7 +1329,7 @@ func (x *StateRequest) String() string {
 func (*StateRequest) ProtoMessage() {}
 
 func (x *StateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1242,7 +1342,7 @@ func (x *StateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateRequest.ProtoReflect.Descriptor instead.
 func (*StateRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *StateRequest) GetContainerId() string {
@@ -1272,7 +1372,7 @@ type StateResponse struct {
 
 func (x *StateResponse) Reset() {
 	*x = StateResponse{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1284,7 +1384,7 @@ func (x *StateResponse) String() string {
 func (*StateResponse) ProtoMessage() {}
 
 func (x *StateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1297,7 +1397,7 @@ func (x *StateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateResponse.ProtoReflect.Descriptor instead.
 func (*StateResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *StateResponse) GetStatus() string {
@@ -1338,7 +1438,7 @@ type CloseStdinRequest struct {
 
 func (x *CloseStdinRequest) Reset() {
 	*x = CloseStdinRequest{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1350,7 +1450,7 @@ func (x *CloseStdinRequest) String() string {
 func (*CloseStdinRequest) ProtoMessage() {}
 
 func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1363,7 +1463,7 @@ func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdinRequest.ProtoReflect.Descriptor instead.
 func (*CloseStdinRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CloseStdinRequest) GetContainerId() string {
@@ -1392,7 +1492,7 @@ type ResizePtyRequest struct {
 
 func (x *ResizePtyRequest) Reset() {
 	*x = ResizePtyRequest{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1404,7 +1504,7 @@ func (x *ResizePtyRequest) String() string {
 func (*ResizePtyRequest) ProtoMessage() {}
 
 func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1417,7 +1517,7 @@ func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyRequest.ProtoReflect.Descriptor instead.
 func (*ResizePtyRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ResizePtyRequest) GetContainerId() string {
@@ -1457,7 +1557,7 @@ type ListPidsRequest struct {
 
 func (x *ListPidsRequest) Reset() {
 	*x = ListPidsRequest{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1469,7 +1569,7 @@ func (x *ListPidsRequest) String() string {
 func (*ListPidsRequest) ProtoMessage() {}
 
 func (x *ListPidsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1482,7 +1582,7 @@ func (x *ListPidsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPidsRequest.ProtoReflect.Descriptor instead.
 func (*ListPidsRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListPidsRequest) GetContainerId() string {
@@ -1501,7 +1601,7 @@ type ListPidsResponse struct {
 
 func (x *ListPidsResponse) Reset() {
 	*x = ListPidsResponse{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1513,7 +1613,7 @@ func (x *ListPidsResponse) String() string {
 func (*ListPidsResponse) ProtoMessage() {}
 
 func (x *ListPidsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1526,7 +1626,7 @@ func (x *ListPidsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPidsResponse.ProtoReflect.Descriptor instead.
 func (*ListPidsResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListPidsResponse) GetPids() []uint32 {
@@ -1546,7 +1646,7 @@ type RenameContainerRequest struct {
 
 func (x *RenameContainerRequest) Reset() {
 	*x = RenameContainerRequest{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1558,7 +1658,7 @@ func (x *RenameContainerRequest) String() string {
 func (*RenameContainerRequest) ProtoMessage() {}
 
 func (x *RenameContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1571,7 +1671,7 @@ func (x *RenameContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameContainerRequest.ProtoReflect.Descriptor instead.
 func (*RenameContainerRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RenameContainerRequest) GetContainerId() string {
@@ -1598,7 +1698,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1610,7 +1710,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1623,7 +1723,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListProcessesRequest) GetContainerId() string {
@@ -1643,7 +1743,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1655,7 +1755,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1668,7 +1768,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{28}
+	return file_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -1698,7 +1798,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1710,7 +1810,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1723,7 +1823,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{29}
+	return file_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ProcessInfo) GetContainerId() string {
@@ -1793,7 +1893,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1805,7 +1905,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1818,7 +1918,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{30}
+	return file_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *DeleteRequest) GetContainerId() string {
@@ -1852,7 +1952,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1864,7 +1964,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1877,7 +1977,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{31}
+	return file_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DeleteResponse) GetExitStatus() uint32 {
@@ -1903,7 +2003,7 @@ type FreezeRequest struct {
 
 func (x *FreezeRequest) Reset() {
 	*x = FreezeRequest{}
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1915,7 +2015,7 @@ func (x *FreezeRequest) String() string {
 func (*FreezeRequest) ProtoMessage() {}
 
 func (x *FreezeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1928,7 +2028,7 @@ func (x *FreezeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FreezeRequest.ProtoReflect.Descriptor instead.
 func (*FreezeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{32}
+	return file_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *FreezeRequest) GetMountPoints() []string {
@@ -1947,7 +2047,7 @@ type FreezeResponse struct {
 
 func (x *FreezeResponse) Reset() {
 	*x = FreezeResponse{}
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1959,7 +2059,7 @@ func (x *FreezeResponse) String() string {
 func (*FreezeResponse) ProtoMessage() {}
 
 func (x *FreezeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[33]
+	mi := &file_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1972,7 +2072,7 @@ func (x *FreezeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FreezeResponse.ProtoReflect.Descriptor instead.
 func (*FreezeResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{33}
+	return file_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *FreezeResponse) GetFrozen() []string {
@@ -1991,7 +2091,7 @@ type ThawRequest struct {
 
 func (x *ThawRequest) Reset() {
 	*x = ThawRequest{}
-	mi := &file_agent_proto_msgTypes[34]
+	mi := &file_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2003,7 +2103,7 @@ func (x *ThawRequest) String() string {
 func (*ThawRequest) ProtoMessage() {}
 
 func (x *ThawRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[34]
+	mi := &file_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2016,7 +2116,7 @@ func (x *ThawRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ThawRequest.ProtoReflect.Descriptor instead.
 func (*ThawRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{34}
+	return file_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ThawRequest) GetMountPoints() []string {
@@ -2035,7 +2135,7 @@ type SetTimeRequest struct {
 
 func (x *SetTimeRequest) Reset() {
 	*x = SetTimeRequest{}
-	mi := &file_agent_proto_msgTypes[35]
+	mi := &file_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2047,7 +2147,7 @@ func (x *SetTimeRequest) String() string {
 func (*SetTimeRequest) ProtoMessage() {}
 
 func (x *SetTimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[35]
+	mi := &file_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2060,7 +2160,7 @@ func (x *SetTimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeRequest.ProtoReflect.Descriptor instead.
 func (*SetTimeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{35}
+	return file_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *SetTimeRequest) GetUnixNano() int64 {
@@ -2080,7 +2180,7 @@ type ReseedRandomRequest struct {
 
 func (x *ReseedRandomRequest) Reset() {
 	*x = ReseedRandomRequest{}
-	mi := &file_agent_proto_msgTypes[36]
+	mi := &file_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2092,7 +2192,7 @@ func (x *ReseedRandomRequest) String() string {
 func (*ReseedRandomRequest) ProtoMessage() {}
 
 func (x *ReseedRandomRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[36]
+	mi := &file_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2105,7 +2205,7 @@ func (x *ReseedRandomRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReseedRandomRequest.ProtoReflect.Descriptor instead.
 func (*ReseedRandomRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{36}
+	return file_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ReseedRandomRequest) GetEntropy() []byte {
@@ -2128,7 +2228,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_agent_proto_msgTypes[37]
+	mi := &file_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2140,7 +2240,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[37]
+	mi := &file_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2153,7 +2253,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{37}
+	return file_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ReadFileRequest) GetContainerId() string {
@@ -2196,7 +2296,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_agent_proto_msgTypes[38]
+	mi := &file_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2208,7 +2308,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[38]
+	mi := &file_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2221,7 +2321,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{38}
+	return file_agent_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ReadFileResponse) GetData() []byte {
@@ -2271,7 +2371,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_agent_proto_msgTypes[39]
+	mi := &file_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2283,7 +2383,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[39]
+	mi := &file_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2296,7 +2396,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{39}
+	return file_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *WriteFileRequest) GetContainerId() string {
@@ -2364,7 +2464,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_agent_proto_msgTypes[40]
+	mi := &file_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2376,7 +2476,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[40]
+	mi := &file_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2389,7 +2489,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{40}
+	return file_agent_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *WriteFileResponse) GetSize() int64 {
@@ -2420,7 +2520,7 @@ type FileStat struct {
 
 func (x *FileStat) Reset() {
 	*x = FileStat{}
-	mi := &file_agent_proto_msgTypes[41]
+	mi := &file_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2432,7 +2532,7 @@ func (x *FileStat) String() string {
 func (*FileStat) ProtoMessage() {}
 
 func (x *FileStat) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[41]
+	mi := &file_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2445,7 +2545,7 @@ func (x *FileStat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileStat.ProtoReflect.Descriptor instead.
 func (*FileStat) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{41}
+	return file_agent_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *FileStat) GetName() []byte {
@@ -2514,7 +2614,7 @@ type StatFileRequest struct {
 
 func (x *StatFileRequest) Reset() {
 	*x = StatFileRequest{}
-	mi := &file_agent_proto_msgTypes[42]
+	mi := &file_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2526,7 +2626,7 @@ func (x *StatFileRequest) String() string {
 func (*StatFileRequest) ProtoMessage() {}
 
 func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[42]
+	mi := &file_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2539,7 +2639,7 @@ func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFileRequest.ProtoReflect.Descriptor instead.
 func (*StatFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{42}
+	return file_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *StatFileRequest) GetContainerId() string {
@@ -2565,7 +2665,7 @@ type StatFileResponse struct {
 
 func (x *StatFileResponse) Reset() {
 	*x = StatFileResponse{}
-	mi := &file_agent_proto_msgTypes[43]
+	mi := &file_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2577,7 +2677,7 @@ func (x *StatFileResponse) String() string {
 func (*StatFileResponse) ProtoMessage() {}
 
 func (x *StatFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[43]
+	mi := &file_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2590,7 +2690,7 @@ func (x *StatFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFileResponse.ProtoReflect.Descriptor instead.
 func (*StatFileResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{43}
+	return file_agent_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *StatFileResponse) GetStat() *FileStat {
@@ -2614,7 +2714,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_agent_proto_msgTypes[44]
+	mi := &file_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2626,7 +2726,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[44]
+	mi := &file_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2639,7 +2739,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{44}
+	return file_agent_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ListDirRequest) GetContainerId() string {
@@ -2681,7 +2781,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_agent_proto_msgTypes[45]
+	mi := &file_agent_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2693,7 +2793,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[45]
+	mi := &file_agent_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2706,7 +2806,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{45}
+	return file_agent_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileStat {
@@ -2734,7 +2834,7 @@ type RemoveFileRequest struct {
 
 func (x *RemoveFileRequest) Reset() {
 	*x = RemoveFileRequest{}
-	mi := &file_agent_proto_msgTypes[46]
+	mi := &file_agent_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2746,7 +2846,7 @@ func (x *RemoveFileRequest) String() string {
 func (*RemoveFileRequest) ProtoMessage() {}
 
 func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[46]
+	mi := &file_agent_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2759,7 +2859,7 @@ func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveFileRequest.ProtoReflect.Descriptor instead.
 func (*RemoveFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{46}
+	return file_agent_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RemoveFileRequest) GetContainerId() string {
@@ -2795,7 +2895,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_agent_proto_msgTypes[47]
+	mi := &file_agent_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2807,7 +2907,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[47]
+	mi := &file_agent_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2820,7 +2920,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{47}
+	return file_agent_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *MakeDirRequest) GetContainerId() string {
@@ -2854,7 +2954,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_agent_proto_msgTypes[48]
+	mi := &file_agent_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2866,7 +2966,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[48]
+	mi := &file_agent_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2879,7 +2979,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{48}
+	return file_agent_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *MakeDirResponse) GetCreated() bool {
@@ -2897,7 +2997,7 @@ type PowerOffRequest struct {
 
 func (x *PowerOffRequest) Reset() {
 	*x = PowerOffRequest{}
-	mi := &file_agent_proto_msgTypes[49]
+	mi := &file_agent_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2909,7 +3009,7 @@ func (x *PowerOffRequest) String() string {
 func (*PowerOffRequest) ProtoMessage() {}
 
 func (x *PowerOffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[49]
+	mi := &file_agent_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2922,7 +3022,7 @@ func (x *PowerOffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerOffRequest.ProtoReflect.Descriptor instead.
 func (*PowerOffRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{49}
+	return file_agent_proto_rawDescGZIP(), []int{51}
 }
 
 // ConfigureNetworkRequest is the guest's whole network configuration.
@@ -2937,7 +3037,7 @@ type ConfigureNetworkRequest struct {
 
 func (x *ConfigureNetworkRequest) Reset() {
 	*x = ConfigureNetworkRequest{}
-	mi := &file_agent_proto_msgTypes[50]
+	mi := &file_agent_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2949,7 +3049,7 @@ func (x *ConfigureNetworkRequest) String() string {
 func (*ConfigureNetworkRequest) ProtoMessage() {}
 
 func (x *ConfigureNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[50]
+	mi := &file_agent_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2962,7 +3062,7 @@ func (x *ConfigureNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureNetworkRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{50}
+	return file_agent_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ConfigureNetworkRequest) GetInterfaces() []*NetInterface {
@@ -3005,7 +3105,7 @@ type NetInterface struct {
 
 func (x *NetInterface) Reset() {
 	*x = NetInterface{}
-	mi := &file_agent_proto_msgTypes[51]
+	mi := &file_agent_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3017,7 +3117,7 @@ func (x *NetInterface) String() string {
 func (*NetInterface) ProtoMessage() {}
 
 func (x *NetInterface) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[51]
+	mi := &file_agent_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3030,7 +3130,7 @@ func (x *NetInterface) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetInterface.ProtoReflect.Descriptor instead.
 func (*NetInterface) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{51}
+	return file_agent_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *NetInterface) GetMac() string {
@@ -3088,7 +3188,7 @@ type NetRoute struct {
 
 func (x *NetRoute) Reset() {
 	*x = NetRoute{}
-	mi := &file_agent_proto_msgTypes[52]
+	mi := &file_agent_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3100,7 +3200,7 @@ func (x *NetRoute) String() string {
 func (*NetRoute) ProtoMessage() {}
 
 func (x *NetRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[52]
+	mi := &file_agent_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3113,7 +3213,7 @@ func (x *NetRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetRoute.ProtoReflect.Descriptor instead.
 func (*NetRoute) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{52}
+	return file_agent_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *NetRoute) GetDestination() string {
@@ -3142,7 +3242,7 @@ type DNSConfig struct {
 
 func (x *DNSConfig) Reset() {
 	*x = DNSConfig{}
-	mi := &file_agent_proto_msgTypes[53]
+	mi := &file_agent_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3154,7 +3254,7 @@ func (x *DNSConfig) String() string {
 func (*DNSConfig) ProtoMessage() {}
 
 func (x *DNSConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[53]
+	mi := &file_agent_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3167,7 +3267,7 @@ func (x *DNSConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DNSConfig.ProtoReflect.Descriptor instead.
 func (*DNSConfig) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{53}
+	return file_agent_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *DNSConfig) GetNameservers() []string {
@@ -3201,7 +3301,7 @@ type ConfigureNetworkResponse struct {
 
 func (x *ConfigureNetworkResponse) Reset() {
 	*x = ConfigureNetworkResponse{}
-	mi := &file_agent_proto_msgTypes[54]
+	mi := &file_agent_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3213,7 +3313,7 @@ func (x *ConfigureNetworkResponse) String() string {
 func (*ConfigureNetworkResponse) ProtoMessage() {}
 
 func (x *ConfigureNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[54]
+	mi := &file_agent_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3226,7 +3326,7 @@ func (x *ConfigureNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureNetworkResponse.ProtoReflect.Descriptor instead.
 func (*ConfigureNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{54}
+	return file_agent_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ConfigureNetworkResponse) GetInterfaces() []string {
@@ -3256,7 +3356,7 @@ type PrepareVolumeRequest struct {
 
 func (x *PrepareVolumeRequest) Reset() {
 	*x = PrepareVolumeRequest{}
-	mi := &file_agent_proto_msgTypes[55]
+	mi := &file_agent_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3268,7 +3368,7 @@ func (x *PrepareVolumeRequest) String() string {
 func (*PrepareVolumeRequest) ProtoMessage() {}
 
 func (x *PrepareVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[55]
+	mi := &file_agent_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3281,7 +3381,7 @@ func (x *PrepareVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareVolumeRequest.ProtoReflect.Descriptor instead.
 func (*PrepareVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{55}
+	return file_agent_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *PrepareVolumeRequest) GetPath() string {
@@ -3340,7 +3440,7 @@ type TreeEntry struct {
 
 func (x *TreeEntry) Reset() {
 	*x = TreeEntry{}
-	mi := &file_agent_proto_msgTypes[56]
+	mi := &file_agent_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3352,7 +3452,7 @@ func (x *TreeEntry) String() string {
 func (*TreeEntry) ProtoMessage() {}
 
 func (x *TreeEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[56]
+	mi := &file_agent_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3365,7 +3465,7 @@ func (x *TreeEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeEntry.ProtoReflect.Descriptor instead.
 func (*TreeEntry) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{56}
+	return file_agent_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *TreeEntry) GetPath() string {
@@ -3434,7 +3534,7 @@ type SyncTreeRequest struct {
 
 func (x *SyncTreeRequest) Reset() {
 	*x = SyncTreeRequest{}
-	mi := &file_agent_proto_msgTypes[57]
+	mi := &file_agent_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3446,7 +3546,7 @@ func (x *SyncTreeRequest) String() string {
 func (*SyncTreeRequest) ProtoMessage() {}
 
 func (x *SyncTreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[57]
+	mi := &file_agent_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3459,7 +3559,7 @@ func (x *SyncTreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncTreeRequest.ProtoReflect.Descriptor instead.
 func (*SyncTreeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{57}
+	return file_agent_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *SyncTreeRequest) GetDir() string {
@@ -3508,7 +3608,7 @@ type SyncTreeResponse struct {
 
 func (x *SyncTreeResponse) Reset() {
 	*x = SyncTreeResponse{}
-	mi := &file_agent_proto_msgTypes[58]
+	mi := &file_agent_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3520,7 +3620,7 @@ func (x *SyncTreeResponse) String() string {
 func (*SyncTreeResponse) ProtoMessage() {}
 
 func (x *SyncTreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[58]
+	mi := &file_agent_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3533,7 +3633,7 @@ func (x *SyncTreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncTreeResponse.ProtoReflect.Descriptor instead.
 func (*SyncTreeResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{58}
+	return file_agent_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *SyncTreeResponse) GetWritten() uint32 {
@@ -3603,6 +3703,13 @@ const file_agent_proto_rawDesc = "" +
 	"\x06rootfs\x18\x03 \x01(\tR\x06rootfs\x12*\n" +
 	"\x05stdio\x18\x04 \x01(\v2\x14.cube.agent.v1.StdioR\x05stdio\"C\n" +
 	"\x17CreateContainerResponse\x12\x10\n" +
+	"\x03pid\x18\x01 \x01(\rR\x03pid\x12\x16\n" +
+	"\x06timing\x18\x02 \x01(\tR\x06timing\"5\n" +
+	"\x13PrepareSpareRequest\x12\x1e\n" +
+	"\n" +
+	"namespaces\x18\x01 \x03(\tR\n" +
+	"namespaces\"@\n" +
+	"\x14PrepareSpareResponse\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\rR\x03pid\x12\x16\n" +
 	"\x06timing\x18\x02 \x01(\tR\x06timing\"\x96\x01\n" +
 	"\x12ExecProcessRequest\x12!\n" +
@@ -3790,14 +3897,15 @@ const file_agent_proto_rawDesc = "" +
 	"\aentries\x18\x05 \x03(\v2\x18.cube.agent.v1.TreeEntryR\aentries\"F\n" +
 	"\x10SyncTreeResponse\x12\x18\n" +
 	"\awritten\x18\x01 \x01(\rR\awritten\x12\x18\n" +
-	"\aremoved\x18\x02 \x01(\rR\aremoved2\xf3\x12\n" +
+	"\aremoved\x18\x02 \x01(\rR\aremoved2\xcc\x13\n" +
 	"\x05Agent\x12H\n" +
 	"\aVersion\x12\x1d.cube.agent.v1.VersionRequest\x1a\x1e.cube.agent.v1.VersionResponse\x12E\n" +
 	"\x06Health\x12\x1c.cube.agent.v1.HealthRequest\x1a\x1d.cube.agent.v1.HealthResponse\x12N\n" +
 	"\tMountDisk\x12\x1f.cube.agent.v1.MountDiskRequest\x1a .cube.agent.v1.MountDiskResponse\x12F\n" +
 	"\vUnmountDisk\x12!.cube.agent.v1.UnmountDiskRequest\x1a\x14.cube.agent.v1.Empty\x12T\n" +
 	"\vBlockDevice\x12!.cube.agent.v1.BlockDeviceRequest\x1a\".cube.agent.v1.BlockDeviceResponse\x12`\n" +
-	"\x0fCreateContainer\x12%.cube.agent.v1.CreateContainerRequest\x1a&.cube.agent.v1.CreateContainerResponse\x12T\n" +
+	"\x0fCreateContainer\x12%.cube.agent.v1.CreateContainerRequest\x1a&.cube.agent.v1.CreateContainerResponse\x12W\n" +
+	"\fPrepareSpare\x12\".cube.agent.v1.PrepareSpareRequest\x1a#.cube.agent.v1.PrepareSpareResponse\x12T\n" +
 	"\vExecProcess\x12!.cube.agent.v1.ExecProcessRequest\x1a\".cube.agent.v1.ExecProcessResponse\x12B\n" +
 	"\x05Start\x12\x1b.cube.agent.v1.StartRequest\x1a\x1c.cube.agent.v1.StartResponse\x12<\n" +
 	"\x06Signal\x12\x1c.cube.agent.v1.SignalRequest\x1a\x14.cube.agent.v1.Empty\x12?\n" +
@@ -3840,7 +3948,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
 var file_agent_proto_goTypes = []any{
 	(TreeEntry_Kind)(0),              // 0: cube.agent.v1.TreeEntry.Kind
 	(*Empty)(nil),                    // 1: cube.agent.v1.Empty
@@ -3856,131 +3964,135 @@ var file_agent_proto_goTypes = []any{
 	(*Stdio)(nil),                    // 11: cube.agent.v1.Stdio
 	(*CreateContainerRequest)(nil),   // 12: cube.agent.v1.CreateContainerRequest
 	(*CreateContainerResponse)(nil),  // 13: cube.agent.v1.CreateContainerResponse
-	(*ExecProcessRequest)(nil),       // 14: cube.agent.v1.ExecProcessRequest
-	(*ExecProcessResponse)(nil),      // 15: cube.agent.v1.ExecProcessResponse
-	(*StartRequest)(nil),             // 16: cube.agent.v1.StartRequest
-	(*StartResponse)(nil),            // 17: cube.agent.v1.StartResponse
-	(*SignalRequest)(nil),            // 18: cube.agent.v1.SignalRequest
-	(*WaitRequest)(nil),              // 19: cube.agent.v1.WaitRequest
-	(*WaitResponse)(nil),             // 20: cube.agent.v1.WaitResponse
-	(*StateRequest)(nil),             // 21: cube.agent.v1.StateRequest
-	(*StateResponse)(nil),            // 22: cube.agent.v1.StateResponse
-	(*CloseStdinRequest)(nil),        // 23: cube.agent.v1.CloseStdinRequest
-	(*ResizePtyRequest)(nil),         // 24: cube.agent.v1.ResizePtyRequest
-	(*ListPidsRequest)(nil),          // 25: cube.agent.v1.ListPidsRequest
-	(*ListPidsResponse)(nil),         // 26: cube.agent.v1.ListPidsResponse
-	(*RenameContainerRequest)(nil),   // 27: cube.agent.v1.RenameContainerRequest
-	(*ListProcessesRequest)(nil),     // 28: cube.agent.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil),    // 29: cube.agent.v1.ListProcessesResponse
-	(*ProcessInfo)(nil),              // 30: cube.agent.v1.ProcessInfo
-	(*DeleteRequest)(nil),            // 31: cube.agent.v1.DeleteRequest
-	(*DeleteResponse)(nil),           // 32: cube.agent.v1.DeleteResponse
-	(*FreezeRequest)(nil),            // 33: cube.agent.v1.FreezeRequest
-	(*FreezeResponse)(nil),           // 34: cube.agent.v1.FreezeResponse
-	(*ThawRequest)(nil),              // 35: cube.agent.v1.ThawRequest
-	(*SetTimeRequest)(nil),           // 36: cube.agent.v1.SetTimeRequest
-	(*ReseedRandomRequest)(nil),      // 37: cube.agent.v1.ReseedRandomRequest
-	(*ReadFileRequest)(nil),          // 38: cube.agent.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),         // 39: cube.agent.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),         // 40: cube.agent.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),        // 41: cube.agent.v1.WriteFileResponse
-	(*FileStat)(nil),                 // 42: cube.agent.v1.FileStat
-	(*StatFileRequest)(nil),          // 43: cube.agent.v1.StatFileRequest
-	(*StatFileResponse)(nil),         // 44: cube.agent.v1.StatFileResponse
-	(*ListDirRequest)(nil),           // 45: cube.agent.v1.ListDirRequest
-	(*ListDirResponse)(nil),          // 46: cube.agent.v1.ListDirResponse
-	(*RemoveFileRequest)(nil),        // 47: cube.agent.v1.RemoveFileRequest
-	(*MakeDirRequest)(nil),           // 48: cube.agent.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),          // 49: cube.agent.v1.MakeDirResponse
-	(*PowerOffRequest)(nil),          // 50: cube.agent.v1.PowerOffRequest
-	(*ConfigureNetworkRequest)(nil),  // 51: cube.agent.v1.ConfigureNetworkRequest
-	(*NetInterface)(nil),             // 52: cube.agent.v1.NetInterface
-	(*NetRoute)(nil),                 // 53: cube.agent.v1.NetRoute
-	(*DNSConfig)(nil),                // 54: cube.agent.v1.DNSConfig
-	(*ConfigureNetworkResponse)(nil), // 55: cube.agent.v1.ConfigureNetworkResponse
-	(*PrepareVolumeRequest)(nil),     // 56: cube.agent.v1.PrepareVolumeRequest
-	(*TreeEntry)(nil),                // 57: cube.agent.v1.TreeEntry
-	(*SyncTreeRequest)(nil),          // 58: cube.agent.v1.SyncTreeRequest
-	(*SyncTreeResponse)(nil),         // 59: cube.agent.v1.SyncTreeResponse
+	(*PrepareSpareRequest)(nil),      // 14: cube.agent.v1.PrepareSpareRequest
+	(*PrepareSpareResponse)(nil),     // 15: cube.agent.v1.PrepareSpareResponse
+	(*ExecProcessRequest)(nil),       // 16: cube.agent.v1.ExecProcessRequest
+	(*ExecProcessResponse)(nil),      // 17: cube.agent.v1.ExecProcessResponse
+	(*StartRequest)(nil),             // 18: cube.agent.v1.StartRequest
+	(*StartResponse)(nil),            // 19: cube.agent.v1.StartResponse
+	(*SignalRequest)(nil),            // 20: cube.agent.v1.SignalRequest
+	(*WaitRequest)(nil),              // 21: cube.agent.v1.WaitRequest
+	(*WaitResponse)(nil),             // 22: cube.agent.v1.WaitResponse
+	(*StateRequest)(nil),             // 23: cube.agent.v1.StateRequest
+	(*StateResponse)(nil),            // 24: cube.agent.v1.StateResponse
+	(*CloseStdinRequest)(nil),        // 25: cube.agent.v1.CloseStdinRequest
+	(*ResizePtyRequest)(nil),         // 26: cube.agent.v1.ResizePtyRequest
+	(*ListPidsRequest)(nil),          // 27: cube.agent.v1.ListPidsRequest
+	(*ListPidsResponse)(nil),         // 28: cube.agent.v1.ListPidsResponse
+	(*RenameContainerRequest)(nil),   // 29: cube.agent.v1.RenameContainerRequest
+	(*ListProcessesRequest)(nil),     // 30: cube.agent.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),    // 31: cube.agent.v1.ListProcessesResponse
+	(*ProcessInfo)(nil),              // 32: cube.agent.v1.ProcessInfo
+	(*DeleteRequest)(nil),            // 33: cube.agent.v1.DeleteRequest
+	(*DeleteResponse)(nil),           // 34: cube.agent.v1.DeleteResponse
+	(*FreezeRequest)(nil),            // 35: cube.agent.v1.FreezeRequest
+	(*FreezeResponse)(nil),           // 36: cube.agent.v1.FreezeResponse
+	(*ThawRequest)(nil),              // 37: cube.agent.v1.ThawRequest
+	(*SetTimeRequest)(nil),           // 38: cube.agent.v1.SetTimeRequest
+	(*ReseedRandomRequest)(nil),      // 39: cube.agent.v1.ReseedRandomRequest
+	(*ReadFileRequest)(nil),          // 40: cube.agent.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),         // 41: cube.agent.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),         // 42: cube.agent.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),        // 43: cube.agent.v1.WriteFileResponse
+	(*FileStat)(nil),                 // 44: cube.agent.v1.FileStat
+	(*StatFileRequest)(nil),          // 45: cube.agent.v1.StatFileRequest
+	(*StatFileResponse)(nil),         // 46: cube.agent.v1.StatFileResponse
+	(*ListDirRequest)(nil),           // 47: cube.agent.v1.ListDirRequest
+	(*ListDirResponse)(nil),          // 48: cube.agent.v1.ListDirResponse
+	(*RemoveFileRequest)(nil),        // 49: cube.agent.v1.RemoveFileRequest
+	(*MakeDirRequest)(nil),           // 50: cube.agent.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),          // 51: cube.agent.v1.MakeDirResponse
+	(*PowerOffRequest)(nil),          // 52: cube.agent.v1.PowerOffRequest
+	(*ConfigureNetworkRequest)(nil),  // 53: cube.agent.v1.ConfigureNetworkRequest
+	(*NetInterface)(nil),             // 54: cube.agent.v1.NetInterface
+	(*NetRoute)(nil),                 // 55: cube.agent.v1.NetRoute
+	(*DNSConfig)(nil),                // 56: cube.agent.v1.DNSConfig
+	(*ConfigureNetworkResponse)(nil), // 57: cube.agent.v1.ConfigureNetworkResponse
+	(*PrepareVolumeRequest)(nil),     // 58: cube.agent.v1.PrepareVolumeRequest
+	(*TreeEntry)(nil),                // 59: cube.agent.v1.TreeEntry
+	(*SyncTreeRequest)(nil),          // 60: cube.agent.v1.SyncTreeRequest
+	(*SyncTreeResponse)(nil),         // 61: cube.agent.v1.SyncTreeResponse
 }
 var file_agent_proto_depIdxs = []int32{
 	11, // 0: cube.agent.v1.CreateContainerRequest.stdio:type_name -> cube.agent.v1.Stdio
 	11, // 1: cube.agent.v1.ExecProcessRequest.stdio:type_name -> cube.agent.v1.Stdio
-	30, // 2: cube.agent.v1.ListProcessesResponse.processes:type_name -> cube.agent.v1.ProcessInfo
+	32, // 2: cube.agent.v1.ListProcessesResponse.processes:type_name -> cube.agent.v1.ProcessInfo
 	11, // 3: cube.agent.v1.ProcessInfo.stdio:type_name -> cube.agent.v1.Stdio
-	42, // 4: cube.agent.v1.StatFileResponse.stat:type_name -> cube.agent.v1.FileStat
-	42, // 5: cube.agent.v1.ListDirResponse.entries:type_name -> cube.agent.v1.FileStat
-	52, // 6: cube.agent.v1.ConfigureNetworkRequest.interfaces:type_name -> cube.agent.v1.NetInterface
-	54, // 7: cube.agent.v1.ConfigureNetworkRequest.dns:type_name -> cube.agent.v1.DNSConfig
-	53, // 8: cube.agent.v1.NetInterface.routes:type_name -> cube.agent.v1.NetRoute
+	44, // 4: cube.agent.v1.StatFileResponse.stat:type_name -> cube.agent.v1.FileStat
+	44, // 5: cube.agent.v1.ListDirResponse.entries:type_name -> cube.agent.v1.FileStat
+	54, // 6: cube.agent.v1.ConfigureNetworkRequest.interfaces:type_name -> cube.agent.v1.NetInterface
+	56, // 7: cube.agent.v1.ConfigureNetworkRequest.dns:type_name -> cube.agent.v1.DNSConfig
+	55, // 8: cube.agent.v1.NetInterface.routes:type_name -> cube.agent.v1.NetRoute
 	0,  // 9: cube.agent.v1.TreeEntry.kind:type_name -> cube.agent.v1.TreeEntry.Kind
-	57, // 10: cube.agent.v1.SyncTreeRequest.entries:type_name -> cube.agent.v1.TreeEntry
+	59, // 10: cube.agent.v1.SyncTreeRequest.entries:type_name -> cube.agent.v1.TreeEntry
 	2,  // 11: cube.agent.v1.Agent.Version:input_type -> cube.agent.v1.VersionRequest
 	4,  // 12: cube.agent.v1.Agent.Health:input_type -> cube.agent.v1.HealthRequest
 	6,  // 13: cube.agent.v1.Agent.MountDisk:input_type -> cube.agent.v1.MountDiskRequest
 	10, // 14: cube.agent.v1.Agent.UnmountDisk:input_type -> cube.agent.v1.UnmountDiskRequest
 	8,  // 15: cube.agent.v1.Agent.BlockDevice:input_type -> cube.agent.v1.BlockDeviceRequest
 	12, // 16: cube.agent.v1.Agent.CreateContainer:input_type -> cube.agent.v1.CreateContainerRequest
-	14, // 17: cube.agent.v1.Agent.ExecProcess:input_type -> cube.agent.v1.ExecProcessRequest
-	16, // 18: cube.agent.v1.Agent.Start:input_type -> cube.agent.v1.StartRequest
-	18, // 19: cube.agent.v1.Agent.Signal:input_type -> cube.agent.v1.SignalRequest
-	19, // 20: cube.agent.v1.Agent.Wait:input_type -> cube.agent.v1.WaitRequest
-	21, // 21: cube.agent.v1.Agent.State:input_type -> cube.agent.v1.StateRequest
-	23, // 22: cube.agent.v1.Agent.CloseStdin:input_type -> cube.agent.v1.CloseStdinRequest
-	24, // 23: cube.agent.v1.Agent.ResizePty:input_type -> cube.agent.v1.ResizePtyRequest
-	25, // 24: cube.agent.v1.Agent.ListPids:input_type -> cube.agent.v1.ListPidsRequest
-	28, // 25: cube.agent.v1.Agent.ListProcesses:input_type -> cube.agent.v1.ListProcessesRequest
-	27, // 26: cube.agent.v1.Agent.RenameContainer:input_type -> cube.agent.v1.RenameContainerRequest
-	31, // 27: cube.agent.v1.Agent.Delete:input_type -> cube.agent.v1.DeleteRequest
-	1,  // 28: cube.agent.v1.Agent.SyncFilesystems:input_type -> cube.agent.v1.Empty
-	33, // 29: cube.agent.v1.Agent.FreezeFilesystems:input_type -> cube.agent.v1.FreezeRequest
-	35, // 30: cube.agent.v1.Agent.ThawFilesystems:input_type -> cube.agent.v1.ThawRequest
-	36, // 31: cube.agent.v1.Agent.SetTime:input_type -> cube.agent.v1.SetTimeRequest
-	37, // 32: cube.agent.v1.Agent.ReseedRandom:input_type -> cube.agent.v1.ReseedRandomRequest
-	38, // 33: cube.agent.v1.Agent.ReadFile:input_type -> cube.agent.v1.ReadFileRequest
-	40, // 34: cube.agent.v1.Agent.WriteFile:input_type -> cube.agent.v1.WriteFileRequest
-	43, // 35: cube.agent.v1.Agent.StatFile:input_type -> cube.agent.v1.StatFileRequest
-	45, // 36: cube.agent.v1.Agent.ListDir:input_type -> cube.agent.v1.ListDirRequest
-	47, // 37: cube.agent.v1.Agent.RemoveFile:input_type -> cube.agent.v1.RemoveFileRequest
-	48, // 38: cube.agent.v1.Agent.MakeDir:input_type -> cube.agent.v1.MakeDirRequest
-	50, // 39: cube.agent.v1.Agent.PowerOff:input_type -> cube.agent.v1.PowerOffRequest
-	51, // 40: cube.agent.v1.Agent.ConfigureNetwork:input_type -> cube.agent.v1.ConfigureNetworkRequest
-	56, // 41: cube.agent.v1.Agent.PrepareVolume:input_type -> cube.agent.v1.PrepareVolumeRequest
-	58, // 42: cube.agent.v1.Agent.SyncTree:input_type -> cube.agent.v1.SyncTreeRequest
-	3,  // 43: cube.agent.v1.Agent.Version:output_type -> cube.agent.v1.VersionResponse
-	5,  // 44: cube.agent.v1.Agent.Health:output_type -> cube.agent.v1.HealthResponse
-	7,  // 45: cube.agent.v1.Agent.MountDisk:output_type -> cube.agent.v1.MountDiskResponse
-	1,  // 46: cube.agent.v1.Agent.UnmountDisk:output_type -> cube.agent.v1.Empty
-	9,  // 47: cube.agent.v1.Agent.BlockDevice:output_type -> cube.agent.v1.BlockDeviceResponse
-	13, // 48: cube.agent.v1.Agent.CreateContainer:output_type -> cube.agent.v1.CreateContainerResponse
-	15, // 49: cube.agent.v1.Agent.ExecProcess:output_type -> cube.agent.v1.ExecProcessResponse
-	17, // 50: cube.agent.v1.Agent.Start:output_type -> cube.agent.v1.StartResponse
-	1,  // 51: cube.agent.v1.Agent.Signal:output_type -> cube.agent.v1.Empty
-	20, // 52: cube.agent.v1.Agent.Wait:output_type -> cube.agent.v1.WaitResponse
-	22, // 53: cube.agent.v1.Agent.State:output_type -> cube.agent.v1.StateResponse
-	1,  // 54: cube.agent.v1.Agent.CloseStdin:output_type -> cube.agent.v1.Empty
-	1,  // 55: cube.agent.v1.Agent.ResizePty:output_type -> cube.agent.v1.Empty
-	26, // 56: cube.agent.v1.Agent.ListPids:output_type -> cube.agent.v1.ListPidsResponse
-	29, // 57: cube.agent.v1.Agent.ListProcesses:output_type -> cube.agent.v1.ListProcessesResponse
-	1,  // 58: cube.agent.v1.Agent.RenameContainer:output_type -> cube.agent.v1.Empty
-	32, // 59: cube.agent.v1.Agent.Delete:output_type -> cube.agent.v1.DeleteResponse
-	1,  // 60: cube.agent.v1.Agent.SyncFilesystems:output_type -> cube.agent.v1.Empty
-	34, // 61: cube.agent.v1.Agent.FreezeFilesystems:output_type -> cube.agent.v1.FreezeResponse
-	1,  // 62: cube.agent.v1.Agent.ThawFilesystems:output_type -> cube.agent.v1.Empty
-	1,  // 63: cube.agent.v1.Agent.SetTime:output_type -> cube.agent.v1.Empty
-	1,  // 64: cube.agent.v1.Agent.ReseedRandom:output_type -> cube.agent.v1.Empty
-	39, // 65: cube.agent.v1.Agent.ReadFile:output_type -> cube.agent.v1.ReadFileResponse
-	41, // 66: cube.agent.v1.Agent.WriteFile:output_type -> cube.agent.v1.WriteFileResponse
-	44, // 67: cube.agent.v1.Agent.StatFile:output_type -> cube.agent.v1.StatFileResponse
-	46, // 68: cube.agent.v1.Agent.ListDir:output_type -> cube.agent.v1.ListDirResponse
-	1,  // 69: cube.agent.v1.Agent.RemoveFile:output_type -> cube.agent.v1.Empty
-	49, // 70: cube.agent.v1.Agent.MakeDir:output_type -> cube.agent.v1.MakeDirResponse
-	1,  // 71: cube.agent.v1.Agent.PowerOff:output_type -> cube.agent.v1.Empty
-	55, // 72: cube.agent.v1.Agent.ConfigureNetwork:output_type -> cube.agent.v1.ConfigureNetworkResponse
-	1,  // 73: cube.agent.v1.Agent.PrepareVolume:output_type -> cube.agent.v1.Empty
-	59, // 74: cube.agent.v1.Agent.SyncTree:output_type -> cube.agent.v1.SyncTreeResponse
-	43, // [43:75] is the sub-list for method output_type
-	11, // [11:43] is the sub-list for method input_type
+	14, // 17: cube.agent.v1.Agent.PrepareSpare:input_type -> cube.agent.v1.PrepareSpareRequest
+	16, // 18: cube.agent.v1.Agent.ExecProcess:input_type -> cube.agent.v1.ExecProcessRequest
+	18, // 19: cube.agent.v1.Agent.Start:input_type -> cube.agent.v1.StartRequest
+	20, // 20: cube.agent.v1.Agent.Signal:input_type -> cube.agent.v1.SignalRequest
+	21, // 21: cube.agent.v1.Agent.Wait:input_type -> cube.agent.v1.WaitRequest
+	23, // 22: cube.agent.v1.Agent.State:input_type -> cube.agent.v1.StateRequest
+	25, // 23: cube.agent.v1.Agent.CloseStdin:input_type -> cube.agent.v1.CloseStdinRequest
+	26, // 24: cube.agent.v1.Agent.ResizePty:input_type -> cube.agent.v1.ResizePtyRequest
+	27, // 25: cube.agent.v1.Agent.ListPids:input_type -> cube.agent.v1.ListPidsRequest
+	30, // 26: cube.agent.v1.Agent.ListProcesses:input_type -> cube.agent.v1.ListProcessesRequest
+	29, // 27: cube.agent.v1.Agent.RenameContainer:input_type -> cube.agent.v1.RenameContainerRequest
+	33, // 28: cube.agent.v1.Agent.Delete:input_type -> cube.agent.v1.DeleteRequest
+	1,  // 29: cube.agent.v1.Agent.SyncFilesystems:input_type -> cube.agent.v1.Empty
+	35, // 30: cube.agent.v1.Agent.FreezeFilesystems:input_type -> cube.agent.v1.FreezeRequest
+	37, // 31: cube.agent.v1.Agent.ThawFilesystems:input_type -> cube.agent.v1.ThawRequest
+	38, // 32: cube.agent.v1.Agent.SetTime:input_type -> cube.agent.v1.SetTimeRequest
+	39, // 33: cube.agent.v1.Agent.ReseedRandom:input_type -> cube.agent.v1.ReseedRandomRequest
+	40, // 34: cube.agent.v1.Agent.ReadFile:input_type -> cube.agent.v1.ReadFileRequest
+	42, // 35: cube.agent.v1.Agent.WriteFile:input_type -> cube.agent.v1.WriteFileRequest
+	45, // 36: cube.agent.v1.Agent.StatFile:input_type -> cube.agent.v1.StatFileRequest
+	47, // 37: cube.agent.v1.Agent.ListDir:input_type -> cube.agent.v1.ListDirRequest
+	49, // 38: cube.agent.v1.Agent.RemoveFile:input_type -> cube.agent.v1.RemoveFileRequest
+	50, // 39: cube.agent.v1.Agent.MakeDir:input_type -> cube.agent.v1.MakeDirRequest
+	52, // 40: cube.agent.v1.Agent.PowerOff:input_type -> cube.agent.v1.PowerOffRequest
+	53, // 41: cube.agent.v1.Agent.ConfigureNetwork:input_type -> cube.agent.v1.ConfigureNetworkRequest
+	58, // 42: cube.agent.v1.Agent.PrepareVolume:input_type -> cube.agent.v1.PrepareVolumeRequest
+	60, // 43: cube.agent.v1.Agent.SyncTree:input_type -> cube.agent.v1.SyncTreeRequest
+	3,  // 44: cube.agent.v1.Agent.Version:output_type -> cube.agent.v1.VersionResponse
+	5,  // 45: cube.agent.v1.Agent.Health:output_type -> cube.agent.v1.HealthResponse
+	7,  // 46: cube.agent.v1.Agent.MountDisk:output_type -> cube.agent.v1.MountDiskResponse
+	1,  // 47: cube.agent.v1.Agent.UnmountDisk:output_type -> cube.agent.v1.Empty
+	9,  // 48: cube.agent.v1.Agent.BlockDevice:output_type -> cube.agent.v1.BlockDeviceResponse
+	13, // 49: cube.agent.v1.Agent.CreateContainer:output_type -> cube.agent.v1.CreateContainerResponse
+	15, // 50: cube.agent.v1.Agent.PrepareSpare:output_type -> cube.agent.v1.PrepareSpareResponse
+	17, // 51: cube.agent.v1.Agent.ExecProcess:output_type -> cube.agent.v1.ExecProcessResponse
+	19, // 52: cube.agent.v1.Agent.Start:output_type -> cube.agent.v1.StartResponse
+	1,  // 53: cube.agent.v1.Agent.Signal:output_type -> cube.agent.v1.Empty
+	22, // 54: cube.agent.v1.Agent.Wait:output_type -> cube.agent.v1.WaitResponse
+	24, // 55: cube.agent.v1.Agent.State:output_type -> cube.agent.v1.StateResponse
+	1,  // 56: cube.agent.v1.Agent.CloseStdin:output_type -> cube.agent.v1.Empty
+	1,  // 57: cube.agent.v1.Agent.ResizePty:output_type -> cube.agent.v1.Empty
+	28, // 58: cube.agent.v1.Agent.ListPids:output_type -> cube.agent.v1.ListPidsResponse
+	31, // 59: cube.agent.v1.Agent.ListProcesses:output_type -> cube.agent.v1.ListProcessesResponse
+	1,  // 60: cube.agent.v1.Agent.RenameContainer:output_type -> cube.agent.v1.Empty
+	34, // 61: cube.agent.v1.Agent.Delete:output_type -> cube.agent.v1.DeleteResponse
+	1,  // 62: cube.agent.v1.Agent.SyncFilesystems:output_type -> cube.agent.v1.Empty
+	36, // 63: cube.agent.v1.Agent.FreezeFilesystems:output_type -> cube.agent.v1.FreezeResponse
+	1,  // 64: cube.agent.v1.Agent.ThawFilesystems:output_type -> cube.agent.v1.Empty
+	1,  // 65: cube.agent.v1.Agent.SetTime:output_type -> cube.agent.v1.Empty
+	1,  // 66: cube.agent.v1.Agent.ReseedRandom:output_type -> cube.agent.v1.Empty
+	41, // 67: cube.agent.v1.Agent.ReadFile:output_type -> cube.agent.v1.ReadFileResponse
+	43, // 68: cube.agent.v1.Agent.WriteFile:output_type -> cube.agent.v1.WriteFileResponse
+	46, // 69: cube.agent.v1.Agent.StatFile:output_type -> cube.agent.v1.StatFileResponse
+	48, // 70: cube.agent.v1.Agent.ListDir:output_type -> cube.agent.v1.ListDirResponse
+	1,  // 71: cube.agent.v1.Agent.RemoveFile:output_type -> cube.agent.v1.Empty
+	51, // 72: cube.agent.v1.Agent.MakeDir:output_type -> cube.agent.v1.MakeDirResponse
+	1,  // 73: cube.agent.v1.Agent.PowerOff:output_type -> cube.agent.v1.Empty
+	57, // 74: cube.agent.v1.Agent.ConfigureNetwork:output_type -> cube.agent.v1.ConfigureNetworkResponse
+	1,  // 75: cube.agent.v1.Agent.PrepareVolume:output_type -> cube.agent.v1.Empty
+	61, // 76: cube.agent.v1.Agent.SyncTree:output_type -> cube.agent.v1.SyncTreeResponse
+	44, // [44:77] is the sub-list for method output_type
+	11, // [11:44] is the sub-list for method input_type
 	11, // [11:11] is the sub-list for extension type_name
 	11, // [11:11] is the sub-list for extension extendee
 	0,  // [0:11] is the sub-list for field type_name
@@ -3997,7 +4109,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   59,
+			NumMessages:   61,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -14,6 +14,7 @@ type AgentService interface {
 	UnmountDisk(context.Context, *UnmountDiskRequest) (*Empty, error)
 	BlockDevice(context.Context, *BlockDeviceRequest) (*BlockDeviceResponse, error)
 	CreateContainer(context.Context, *CreateContainerRequest) (*CreateContainerResponse, error)
+	PrepareSpare(context.Context, *PrepareSpareRequest) (*PrepareSpareResponse, error)
 	ExecProcess(context.Context, *ExecProcessRequest) (*ExecProcessResponse, error)
 	Start(context.Context, *StartRequest) (*StartResponse, error)
 	Signal(context.Context, *SignalRequest) (*Empty, error)
@@ -86,6 +87,13 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.CreateContainer(ctx, &req)
+			},
+			"PrepareSpare": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req PrepareSpareRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.PrepareSpare(ctx, &req)
 			},
 			"ExecProcess": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req ExecProcessRequest
@@ -326,6 +334,14 @@ func (c *agentClient) BlockDevice(ctx context.Context, req *BlockDeviceRequest) 
 func (c *agentClient) CreateContainer(ctx context.Context, req *CreateContainerRequest) (*CreateContainerResponse, error) {
 	var resp CreateContainerResponse
 	if err := c.client.Call(ctx, "cube.agent.v1.Agent", "CreateContainer", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) PrepareSpare(ctx context.Context, req *PrepareSpareRequest) (*PrepareSpareResponse, error) {
+	var resp PrepareSpareResponse
+	if err := c.client.Call(ctx, "cube.agent.v1.Agent", "PrepareSpare", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

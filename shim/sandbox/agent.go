@@ -92,6 +92,11 @@ type AgentClient interface {
 	// FailedPrecondition.
 	BlockDevice(ctx context.Context, serial string, size uint64) (GuestBlockDevice, error)
 	CreateContainer(ctx context.Context, req CreateContainerRequest) (CreatedContainer, error)
+	// PrepareSpare parks a container helper with containerd's default
+	// namespaces in the guest for the next create (a template is
+	// snapshotted with one); it returns what making it took. An agent
+	// older than the call answers FailedPrecondition.
+	PrepareSpare(ctx context.Context) (timing string, err error)
 	ExecProcess(ctx context.Context, req ExecProcessRequest) (pid uint32, err error)
 	Start(ctx context.Context, containerID, execID string) (pid uint32, err error)
 	Signal(ctx context.Context, containerID, execID string, signal uint32, all bool) error

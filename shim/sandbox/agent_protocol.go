@@ -115,6 +115,17 @@ func (a *protocolAgent) CreateContainer(ctx context.Context, req CreateContainer
 	return CreatedContainer{Pid: r.GetPid(), Timing: r.GetTiming()}, nil
 }
 
+func (a *protocolAgent) PrepareSpare(ctx context.Context) (string, error) {
+	r, err := a.c.PrepareSpare(ctx, &protocol.PrepareSpareRequest{})
+	if status.Code(err) == codes.Unimplemented {
+		return "", fmt.Errorf("the guest agent in the initrd predates spare container helpers (it has no PrepareSpare call): %w", errdefs.ErrFailedPrecondition)
+	}
+	if err != nil {
+		return "", err
+	}
+	return r.GetTiming(), nil
+}
+
 func (a *protocolAgent) ExecProcess(ctx context.Context, req ExecProcessRequest) (uint32, error) {
 	r, err := a.c.ExecProcess(ctx, &protocol.ExecProcessRequest{
 		ContainerId: req.ContainerID, ExecId: req.ExecID, Process: req.Process, Stdio: stdio(req.Stdio),

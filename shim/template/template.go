@@ -36,7 +36,9 @@ import (
 
 // Version is the layout and build recipe version; part of every key.
 // 2: the key has the number of NICs (a template per NIC count).
-const Version = "cube-template-2"
+// 3: the VM is snapshotted with a spare container helper parked in the
+// guest (the agent's PrepareSpare).
+const Version = "cube-template-3"
 
 // FailTTL is how long a failed build is remembered: sandboxes started
 // meanwhile cold-boot at once instead of each retrying it.

@@ -234,6 +234,14 @@ func (a *Agent) newProc(args []string, terminal bool, want sandbox.StdioFlags) *
 		state: "created", sig: make(chan uint32, 8), exited: make(chan struct{}), gone: make(chan struct{})}
 }
 
+// PrepareSpare records the call ("PrepareSpare" in Calls) and does nothing else.
+func (a *Agent) PrepareSpare(ctx context.Context) (string, error) {
+	if err := a.enter("PrepareSpare"); err != nil {
+		return "", err
+	}
+	return "fake=0", nil
+}
+
 func (a *Agent) CreateContainer(ctx context.Context, req sandbox.CreateContainerRequest) (sandbox.CreatedContainer, error) {
 	pid, err := a.createContainer(req)
 	if err != nil {

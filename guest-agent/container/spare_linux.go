@@ -1,0 +1,267 @@
+package container
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+// A spare is a container helper forked before any container asks for it:
+// cloned with a new container's namespaces, its lo brought up when it has
+// a network namespace of its own, then parked until a create hands it the
+// container's stdio and config. A template VM is snapshotted with one
+// (the agent's PrepareSpare), so the first container of every sandbox
+// restored from it skips the fork, the helper's execve and Go start, and
+// the new network namespace: in a guest they cost more than the rest of
+// the create.
+//
+// The handoff, on the spare's fd 6 (a SOCK_SEQPACKET socket): one message
+// whose SCM_RIGHTS carry stdin, stdout, stderr and, for a terminal
+// process, the console socket, which then takes fd 6 (consoleFd). The
+// config follows on fd 3 as for any helper, and the status pipe reports
+// "parked" once, then what Prepare reads.
+
+const (
+	spareArg      = "spare"   // argv[1] of a spare helper
+	spareLoUp     = "lo"      // argv[2]: bring lo up (new network namespace)
+	handoffFd     = consoleFd // the spare's end of the handoff socket
+	maxHandoffFds = 4
+)
+
+// DefaultSpareNamespaces are the namespaces containerd's default spec gives
+// a container (ctr run, nerdctl run): a spare made with them serves it.
+var DefaultSpareNamespaces = []specs.LinuxNamespaceType{
+	specs.PIDNamespace, specs.IPCNamespace, specs.UTSNamespace, specs.MountNamespace, specs.NetworkNamespace,
+}
+
+// Spare is a parked helper (PrepareSpare). Take hands it a container;
+// Discard kills it.
+type Spare[E any] struct {
+	Pid    int
+	Exited <-chan E
+	// Timing: what making it took ("fork=… exec=… lo=…", ms).
+	Timing  string
+	flags   uintptr
+	handoff *os.File
+	cfgW    *os.File
+	start   *os.File
+	statF   *os.File
+	status  *bufio.Reader
+}
+
+// PrepareSpare forks a helper (helper: the agent binary, "" for
+// /proc/self/exe) cloned with the namespaces nss and waits until it is
+// parked.
+func PrepareSpare[E any](helper string, nss []specs.LinuxNamespaceType, starter Starter[E]) (*Spare[E], error) {
+	var flags uintptr
+	for _, t := range nss {
+		f, ok := namespaceFlags[t]
+		if !ok {
+			return nil, invalidf("spare helper: unknown namespace %q", t)
+		}
+		flags |= f
+	}
+	if helper == "" {
+		helper = "/proc/self/exe"
+	}
+	cfgR, cfgW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("pipe: %w", err)
+	}
+	defer cfgR.Close()
+	statR, statW, err := os.Pipe()
+	if err != nil {
+		cfgW.Close()
+		return nil, fmt.Errorf("pipe: %w", err)
+	}
+	defer statW.Close()
+	startR, startW, err := os.Pipe()
+	if err != nil {
+		cfgW.Close()
+		statR.Close()
+		return nil, fmt.Errorf("pipe: %w", err)
+	}
+	defer startR.Close()
+	handoff, child, err := socketPair("handoff")
+	if err != nil {
+		cfgW.Close()
+		statR.Close()
+		startW.Close()
+		return nil, err
+	}
+	defer child.Close()
+	devNull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		cfgW.Close()
+		statR.Close()
+		startW.Close()
+		handoff.Close()
+		return nil, fmt.Errorf("open /dev/null: %w", err)
+	}
+	defer devNull.Close()
+	args := []string{InitArg0, spareArg}
+	if flags&unix.CLONE_NEWNET != 0 {
+		args = append(args, spareLoUp)
+	}
+	h := helperProc{path: helper, args: args, stdio: [3]*os.File{devNull, devNull, devNull},
+		extra: []*os.File{cfgR, statW, startR, child}, cloneFlags: flags} // fds 3, 4, 5, 6
+	pid, exited, err := startHelper(&h, starter)
+	if err != nil {
+		cfgW.Close()
+		statR.Close()
+		startW.Close()
+		handoff.Close()
+		return nil, err
+	}
+	sp := &Spare[E]{Pid: pid, Exited: exited, flags: flags, handoff: handoff, cfgW: cfgW, start: startW,
+		statF: statR, status: bufio.NewReader(statR)}
+	p := sp.prepared()
+	m, err := p.readStatus()
+	if err == nil && (m == nil || m.Stage != "parked") {
+		err = fmt.Errorf("spare helper exited before it was parked")
+	}
+	if err != nil {
+		sp.Discard()
+		return nil, err
+	}
+	sp.Timing = fmt.Sprintf("fork=%.1f exec=%.1f %s", float64(h.forkedNS-h.forkNS)/1e6,
+		float64(m.EnteredNS-h.forkedNS)/1e6, m.StagesMS)
+	return sp, nil
+}
+
+func (sp *Spare[E]) prepared() *Prepared[E] {
+	return &Prepared[E]{Pid: sp.Pid, Exited: sp.Exited, start: sp.start, statF: sp.statF, status: sp.status}
+}
+
+// Fits reports whether the spare can be the container of o: a create whose
+// spec asks for exactly the spare's namespaces, none of them by path (so
+// no pid namespace to enter either).
+func (sp *Spare[E]) Fits(o SpawnOptions) bool {
+	if o.Mode != ModeCreate || o.Spec == nil || o.Spec.Linux == nil {
+		return false
+	}
+	for _, ns := range o.Spec.Linux.Namespaces {
+		if ns.Path != "" {
+			return false
+		}
+	}
+	return CloneFlags(o.Spec) == sp.flags
+}
+
+// ErrSpareGone: the spare had died before Take could hand it a container;
+// nothing of the container was set up, so the caller may fork a helper.
+var ErrSpareGone = errors.New("the spare container helper is gone")
+
+// Take makes the spare the helper of o (which it Fits), the container's
+// cgroup already holding it (o.CgroupFD is not used: the spare was forked
+// before the cgroup existed; the caller moves it). The spare is used up
+// whatever the outcome.
+func (sp *Spare[E]) Take(o SpawnOptions) (*Prepared[E], error) {
+	t0 := monotonicNS()
+	defer sp.handoff.Close()
+	payload, err := json.Marshal(InitConfig{Mode: ModeCreate, Rootfs: o.Rootfs, Spec: o.Spec, Process: o.Spec.Process})
+	if err != nil {
+		sp.Discard()
+		return nil, fmt.Errorf("encode init config: %w", err)
+	}
+	devNull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		sp.Discard()
+		return nil, fmt.Errorf("open /dev/null: %w", err)
+	}
+	defer devNull.Close()
+	fds := make([]int, 0, maxHandoffFds)
+	for _, f := range []*os.File{o.Stdin, o.Stdout, o.Stderr} {
+		if f == nil {
+			f = devNull
+		}
+		fds = append(fds, int(f.Fd()))
+	}
+	var console *os.File
+	if o.Terminal {
+		var child *os.File
+		if console, child, err = socketPair("console-socket"); err != nil {
+			sp.Discard()
+			return nil, err
+		}
+		defer console.Close()
+		defer child.Close()
+		fds = append(fds, int(child.Fd()))
+	}
+	if err := unix.Sendmsg(int(sp.handoff.Fd()), []byte{byte(len(fds))}, unix.UnixRights(fds...), nil, 0); err != nil {
+		sp.Discard()
+		if errors.Is(err, unix.EPIPE) || errors.Is(err, unix.ECONNREFUSED) || errors.Is(err, unix.ECONNRESET) {
+			return nil, fmt.Errorf("%w: %v", ErrSpareGone, err)
+		}
+		return nil, fmt.Errorf("hand the container to the spare helper: %w", err)
+	}
+	p := sp.prepared()
+	m, err := p.await(sp.cfgW, payload, console)
+	if err != nil {
+		return nil, err
+	}
+	p.Timing = fmt.Sprintf("spare=1 handoff=%.1f %s ready=%.1f", float64(m.EnteredNS-t0)/1e6, m.StagesMS,
+		float64(monotonicNS()-t0)/1e6)
+	return p, nil
+}
+
+// Discard kills the spare and closes our ends of its pipes.
+func (sp *Spare[E]) Discard() {
+	sp.handoff.Close()
+	sp.cfgW.Close()
+	sp.prepared().Abort()
+}
+
+// runSpare is the spare's side: lo up if asked, "parked", then the handoff
+// (stdio, the console socket) and on as any helper (runInit).
+func runSpare(status *os.File, entered int64) error {
+	st := newStages(entered)
+	unix.CloseOnExec(handoffFd)
+	loUp := len(os.Args) > 2 && os.Args[2] == spareLoUp
+	if loUp {
+		if err := loopbackUp(); err != nil {
+			return err
+		}
+		st.mark("lo")
+	}
+	writeStatus(status, statusMsg{Stage: "parked", EnteredNS: entered, StagesMS: st.String()})
+	buf := make([]byte, 1)
+	oob := make([]byte, unix.CmsgSpace(maxHandoffFds*4))
+	n, oobn, _, _, err := unix.Recvmsg(handoffFd, buf, oob, unix.MSG_CMSG_CLOEXEC)
+	if err != nil || n == 0 {
+		// The agent dropped the spare (or died): nothing to set up.
+		os.Exit(0)
+	}
+	handed := monotonicNS()
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		return fmt.Errorf("spare helper: handoff without file descriptors (%v)", err)
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(fds) < 3 || len(fds) > maxHandoffFds {
+		return fmt.Errorf("spare helper: handoff with %d file descriptors, want 3 or 4 (%v)", len(fds), err)
+	}
+	// Ordering: stdio first; the console socket then replaces the handoff
+	// socket on fd 6 (or the handoff socket is closed).
+	for i, fd := range fds[:3] {
+		if err := unix.Dup3(fd, i, 0); err != nil {
+			return fmt.Errorf("spare helper: stdio fd %d: %w", i, err)
+		}
+	}
+	if len(fds) == 4 {
+		if err := unix.Dup3(fds[3], consoleFd, 0); err != nil {
+			return fmt.Errorf("spare helper: console socket: %w", err)
+		}
+	} else {
+		unix.Close(handoffFd)
+	}
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+	return runInit(status, handed, loUp)
+}
