@@ -52,8 +52,14 @@ func gone(pid uint32) bool {
 func TestSpareHelperTakesTheFirstFittingCreate(t *testing.T) {
 	needRoot(t)
 	h := newHarness(t, nil)
-	root := makeRootfs(t)
 	sp := h.prepareSpare()
+	// The rootfs is mounted after the spare was made, as a restored
+	// template's rootfs disk is: the spare must see it.
+	root := t.TempDir()
+	if err := unix.Mount(makeRootfs(t), root, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(root, unix.MNT_DETACH) })
 	if !strings.Contains(sp.Timing, "fork=") || !strings.Contains(sp.Timing, "lo=") {
 		t.Errorf("spare timing %q: want its fork and lo steps", sp.Timing)
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -25,11 +26,20 @@ import (
 // process, the console socket, which then takes fd 6 (consoleFd). The
 // config follows on fd 3 as for any helper, and the status pipe reports
 // "parked" once, then what Prepare reads.
+//
+// The mount namespace the spare was cloned with is a copy of the agent's
+// when the template was made: the container's rootfs disk, mounted by the
+// agent after the restore, is not in it. So at the handoff the spare
+// enters the agent's mount namespace (fd 7, kept from the fork: a
+// namespace fd follows the namespace as it changes) and unshares a fresh
+// copy of it, as a forked helper's clone would have.
 
 const (
 	spareArg      = "spare"   // argv[1] of a spare helper
-	spareLoUp     = "lo"      // argv[2]: bring lo up (new network namespace)
+	spareLoUp     = "lo"      // in argv[2:]: bring lo up (new network namespace)
+	spareNewMnt   = "mnt"     // in argv[2:]: a mount namespace of its own
 	handoffFd     = consoleFd // the spare's end of the handoff socket
+	agentMntFd    = 7         // the agent's mount namespace
 	maxHandoffFds = 4
 )
 
@@ -104,12 +114,24 @@ func PrepareSpare[E any](helper string, nss []specs.LinuxNamespaceType, starter 
 		return nil, fmt.Errorf("open /dev/null: %w", err)
 	}
 	defer devNull.Close()
+	mntNS, err := os.Open("/proc/self/ns/mnt")
+	if err != nil {
+		cfgW.Close()
+		statR.Close()
+		startW.Close()
+		handoff.Close()
+		return nil, fmt.Errorf("open the agent's mount namespace: %w", err)
+	}
+	defer mntNS.Close()
 	args := []string{InitArg0, spareArg}
 	if flags&unix.CLONE_NEWNET != 0 {
 		args = append(args, spareLoUp)
 	}
+	if flags&unix.CLONE_NEWNS != 0 {
+		args = append(args, spareNewMnt)
+	}
 	h := helperProc{path: helper, args: args, stdio: [3]*os.File{devNull, devNull, devNull},
-		extra: []*os.File{cfgR, statW, startR, child}, cloneFlags: flags} // fds 3, 4, 5, 6
+		extra: []*os.File{cfgR, statW, startR, child, mntNS}, cloneFlags: flags} // fds 3, 4, 5, 6, 7
 	pid, exited, err := startHelper(&h, starter)
 	if err != nil {
 		cfgW.Close()
@@ -222,7 +244,8 @@ func (sp *Spare[E]) Discard() {
 func runSpare(status *os.File, entered int64) error {
 	st := newStages(entered)
 	unix.CloseOnExec(handoffFd)
-	loUp := len(os.Args) > 2 && os.Args[2] == spareLoUp
+	unix.CloseOnExec(agentMntFd)
+	loUp, newMnt := slices.Contains(os.Args[2:], spareLoUp), slices.Contains(os.Args[2:], spareNewMnt)
 	if loUp {
 		if err := loopbackUp(); err != nil {
 			return err
@@ -263,5 +286,28 @@ func runSpare(status *os.File, entered int64) error {
 	for _, fd := range fds {
 		unix.Close(fd)
 	}
+	if newMnt {
+		if err := freshMountNamespace(); err != nil {
+			return err
+		}
+	}
+	unix.Close(agentMntFd)
 	return runInit(status, handed, loUp)
+}
+
+// freshMountNamespace replaces the spare's mount namespace (a copy of the
+// agent's at the fork) with a copy of the agent's as it is now.
+func freshMountNamespace() error {
+	// setns(CLONE_NEWNS) refuses a thread sharing its fs_struct with
+	// other threads, which all Go threads do.
+	if err := unix.Unshare(unix.CLONE_FS); err != nil {
+		return fmt.Errorf("spare helper: unshare CLONE_FS: %w", err)
+	}
+	if err := unix.Setns(agentMntFd, unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("spare helper: enter the agent's mount namespace: %w", err)
+	}
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("spare helper: a mount namespace of its own: %w", err)
+	}
+	return nil
 }
