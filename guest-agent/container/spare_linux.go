@@ -2,6 +2,7 @@ package container
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -252,6 +253,8 @@ func runSpare(status *os.File, entered int64) error {
 		}
 		st.mark("lo")
 	}
+	warmDecoder()
+	st.mark("warm")
 	writeStatus(status, statusMsg{Stage: "parked", EnteredNS: entered, StagesMS: st.String()})
 	buf := make([]byte, 1)
 	oob := make([]byte, unix.CmsgSpace(maxHandoffFds*4))
@@ -310,4 +313,37 @@ func freshMountNamespace() error {
 		return fmt.Errorf("spare helper: a mount namespace of its own: %w", err)
 	}
 	return nil
+}
+
+// warmDecoder round-trips a config shaped like a create's through
+// encoding/json once, so the spare is parked (and snapshotted with a
+// template) with the field caches of the spec's types built: building
+// them is most of a cold helper's config decode.
+func warmDecoder() {
+	u := uint32(0)
+	i64 := int64(0)
+	b := true
+	spec := &specs.Spec{
+		Version: specs.Version,
+		Process: &specs.Process{Args: []string{"sh"}, Env: []string{"PATH=/bin"}, Cwd: "/", User: specs.User{AdditionalGids: []uint32{0}, Umask: &u},
+			Capabilities: &specs.LinuxCapabilities{Bounding: []string{"CAP_CHOWN"}, Effective: []string{"CAP_CHOWN"}, Permitted: []string{"CAP_CHOWN"}},
+			Rlimits:      []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1024, Soft: 1024}}, ConsoleSize: &specs.Box{}, OOMScoreAdj: new(int)},
+		Root:        &specs.Root{Path: "/rootfs"},
+		Hostname:    "spare",
+		Mounts:      []specs.Mount{{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid"}}},
+		Annotations: map[string]string{"a": "b"},
+		Linux: &specs.Linux{
+			Namespaces: []specs.LinuxNamespace{{Type: specs.PIDNamespace}}, Devices: []specs.LinuxDevice{{Path: "/dev/x", Type: "c", FileMode: new(os.FileMode), UID: &u, GID: &u}},
+			Resources: &specs.LinuxResources{Devices: []specs.LinuxDeviceCgroup{{Allow: b, Access: "rwm", Major: &i64}},
+				Memory: &specs.LinuxMemory{Limit: &i64}, CPU: &specs.LinuxCPU{Shares: new(uint64), Quota: &i64}, Pids: &specs.LinuxPids{Limit: &i64}},
+			CgroupsPath: "/x", Sysctl: map[string]string{"a": "b"}, MaskedPaths: []string{"/proc/kcore"}, ReadonlyPaths: []string{"/proc/sys"},
+			Seccomp: &specs.LinuxSeccomp{DefaultAction: specs.ActAllow, Syscalls: []specs.LinuxSyscall{{Names: []string{"read"}, Action: specs.ActAllow, Args: []specs.LinuxSeccompArg{{}}}}},
+		},
+	}
+	data, err := json.Marshal(InitConfig{Mode: ModeCreate, Rootfs: "/rootfs", Spec: spec, Process: spec.Process})
+	if err != nil {
+		return
+	}
+	var cfg InitConfig
+	_ = json.NewDecoder(bytes.NewReader(data)).Decode(&cfg)
 }

@@ -65,6 +65,28 @@ func (s *Service) Start(ctx context.Context, req *taskAPI.StartRequest) (*taskAP
 	return &taskAPI.StartResponse{Pid: pid}, nil
 }
 
+// onlyContainer reports whether id is the shim's one container.
+func (s *Service) onlyContainer(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.containers[id]
+	return ok && len(s.containers) == 1 && s.sb != nil
+}
+
+// stopSandbox powers the VM off with the sandbox's last container, rather
+// than at Shutdown, so Delete returning means every resource is released.
+func (s *Service) stopSandbox(ctx context.Context) {
+	s.mu.Lock()
+	sb := s.sb
+	s.mu.Unlock()
+	if sb == nil {
+		return
+	}
+	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	_ = sb.Stop(stopCtx)
+	cancel()
+}
+
 // Delete implements taskAPI: release an exited (or never started) process;
 // for the init, also the container's rootfs disk, and the VM with the last
 // container.
@@ -74,6 +96,15 @@ func (s *Service) Delete(ctx context.Context, req *taskAPI.DeleteRequest) (*task
 		return nil, errOut(err)
 	}
 	steps := sandbox.NewSteps(time.Now())
+	// The sandbox's last container with its init already stopped: the VM
+	// goes first (its filesystems synced, then powered off). Deleting the
+	// process in the guest would only be undone by the power-off, so the
+	// process's Delete then skips the guest (its VM is gone).
+	stopFirst := req.ExecID == "" && p.Status() == process.Stopped && s.onlyContainer(req.ID)
+	if stopFirst {
+		s.stopSandbox(ctx)
+		steps.Mark("stop")
+	}
 	exit, err := p.Delete(ctx)
 	if err != nil {
 		return nil, errOut(err)
@@ -121,12 +152,8 @@ func (s *Service) Delete(ctx context.Context, req *taskAPI.DeleteRequest) (*task
 			s.o.Log.WithError(err).WithField("container", req.ID).Warn("detach rootfs")
 		}
 	}
-	if last && sb != nil {
-		// The sandbox's last container: power the VM off now rather than at
-		// Shutdown, so Delete returning means every resource is released.
-		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		_ = sb.Stop(stopCtx)
-		cancel()
+	if last && sb != nil && !stopFirst {
+		s.stopSandbox(ctx)
 		steps.Mark("stop")
 	}
 	removeRecord(c.bundle)

@@ -1037,3 +1037,45 @@ type publisherFunc func(ctx context.Context, topic string, ev events.Event) erro
 func (f publisherFunc) Publish(ctx context.Context, topic string, ev events.Event) error {
 	return f(ctx, topic, ev)
 }
+
+// The sandbox's last container, its init exited: the VM is synced and
+// stopped first and the guest-side delete skipped (the power-off takes the
+// process with it); any other container is deleted in the guest.
+func TestDeleteLastExitedContainerStopsTheVMFirst(t *testing.T) {
+	h := newHarness(t)
+	pod := map[string]string{SandboxIDAnnotation: "pod1"}
+	h.create("pod1", []string{"sleep"}, nil, pod)
+	h.start("pod1", "")
+	h.create("app1", []string{"exit", "3"}, nil, pod)
+	h.start("app1", "")
+	if st := h.wait("app1", ""); st != 3 {
+		t.Fatalf("app1 exit %d", st)
+	}
+	if r := h.delete("app1", ""); r.ExitStatus != 3 {
+		t.Fatalf("delete app1: exit %d", r.ExitStatus)
+	}
+	if n := h.agent.CallCount("Delete"); n != 1 {
+		t.Fatalf("deleting a container that is not the last: %d guest deletes, want 1 (calls %v)", n, h.agent.CallLog())
+	}
+	select {
+	case <-h.vmm.Wait():
+		t.Fatal("VM stopped with a container left")
+	default:
+	}
+	h.svc.Kill(h.ctx, &taskAPI.KillRequest{ID: "pod1", Signal: 9})
+	h.wait("pod1", "")
+	if r := h.delete("pod1", ""); r.ExitStatus != 137 {
+		t.Fatalf("delete pod1: exit %d, want 137", r.ExitStatus)
+	}
+	calls := h.agent.CallLog()
+	if n := h.agent.CallCount("Delete"); n != 1 {
+		t.Fatalf("the last container: %d guest deletes, want none beyond app1's (calls %v)", n, calls)
+	}
+	if h.agent.CallCount("SyncFilesystems") != 1 {
+		t.Fatalf("the VM stopped without a sync (calls %v)", calls)
+	}
+	<-h.vmm.Wait()
+	if _, err := h.svc.State(h.ctx, &taskAPI.StateRequest{ID: "pod1"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("pod1 still known after delete: %v", err)
+	}
+}
