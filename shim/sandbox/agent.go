@@ -137,6 +137,12 @@ type AgentClient interface {
 	// OpenStream attaches one stdio stream of a created process. For stdin
 	// the host's half-close (CloseWrite) is EOF; output streams end at EOF.
 	OpenStream(ctx context.Context, containerID, execID string, s Stream) (net.Conn, error)
+	// DialStream connects to the agent's stream port without attaching a
+	// stream yet, so the connection can be made while the process is
+	// being created; AttachStream then attaches one on it (the agent waits
+	// 10 s for that). Together they are OpenStream.
+	DialStream(ctx context.Context) (net.Conn, error)
+	AttachStream(ctx context.Context, conn net.Conn, containerID, execID string, s Stream) (net.Conn, error)
 	// ReattachStream connects one stdio stream of a process again after a
 	// rollback or restore reset every vsock connection: the new connection
 	// replaces the dead one (output the process wrote meanwhile is held by

@@ -295,11 +295,25 @@ func (a *protocolAgent) ReattachStream(ctx context.Context, cid, eid string, s S
 	return a.openStream(ctx, protocol.StreamHeader{ContainerID: cid, ExecID: eid, Stream: protocol.Stream(s), Reattach: true})
 }
 
+func (a *protocolAgent) DialStream(ctx context.Context) (net.Conn, error) {
+	return a.vmm.DialVsock(ctx, protocol.StreamPort)
+}
+
+func (a *protocolAgent) AttachStream(ctx context.Context, conn net.Conn, cid, eid string, s Stream) (net.Conn, error) {
+	return attachStream(ctx, conn, protocol.StreamHeader{ContainerID: cid, ExecID: eid, Stream: protocol.Stream(s)})
+}
+
 func (a *protocolAgent) openStream(ctx context.Context, h protocol.StreamHeader) (net.Conn, error) {
 	conn, err := a.vmm.DialVsock(ctx, protocol.StreamPort)
 	if err != nil {
 		return nil, err
 	}
+	return attachStream(ctx, conn, h)
+}
+
+// attachStream sends the stream header on conn and reads the agent's
+// answer; conn is closed on error.
+func attachStream(ctx context.Context, conn net.Conn, h protocol.StreamHeader) (net.Conn, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		_ = conn.SetDeadline(dl)
 	}

@@ -158,7 +158,7 @@ func (s *Sandbox) Rollback(ctx context.Context, o RollbackOptions) (RollbackStat
 func (s *Sandbox) reconnect(ctx context.Context, old AgentClient) (AgentClient, error) {
 	dctx, cancel := context.WithTimeout(ctx, s.o.BootTimeout)
 	defer cancel()
-	agent, err := s.dialAgent(dctx)
+	agent, err := s.dialAgent(dctx, true)
 	if err != nil {
 		return nil, fmt.Errorf("its guest agent does not answer on a new connection: %w: %w (console log: %s)",
 			err, errdefs.ErrUnavailable, filepath.Join(s.o.Dir, "console.log"))

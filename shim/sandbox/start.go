@@ -52,7 +52,11 @@ func (s *Sandbox) Start(ctx context.Context, firstImage, firstOwner string) (ret
 	}
 	steps.Mark("vmm")
 	go s.supervise()
-	agent, err := s.dialAgent(ctx)
+	// A VM restored from a snapshot had its agent listening when it was
+	// taken: the vsock handshake (the guest accepting on the agent's port)
+	// is enough, and the first calls of readyGuest show the agent answers.
+	// Health would cost a round trip to the guest before them.
+	agent, err := s.dialAgent(ctx, s.o.Template == "")
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w (console log: %s)", s.o.ID, err, cfg.ConsolePath)
 	}
@@ -204,14 +208,18 @@ func writeStub(path string) error {
 	return nil
 }
 
-// dialAgent retries until the agent answers Health: the guest is booting
-// and its vsock listener appears late.
-func (s *Sandbox) dialAgent(ctx context.Context) (AgentClient, error) {
+// dialAgent retries until the guest accepts the connection and, with
+// health, the agent answers Health: a booting guest's vsock listener
+// appears late.
+func (s *Sandbox) dialAgent(ctx context.Context, health bool) (AgentClient, error) {
 	var last error
 	for n, delay := 1, 2*time.Millisecond; ; n, delay = n+1, min(delay*2, 100*time.Millisecond) {
 		a, err := s.o.Dial(ctx, s.o.VMM)
 		if err == nil {
-			if err = a.Health(ctx); err == nil {
+			if health {
+				err = a.Health(ctx)
+			}
+			if err == nil {
 				s.o.Log.WithFields(logrus.Fields{"sandbox": s.o.ID, "attempts": n}).Debug("agent answered")
 				return a, nil
 			}

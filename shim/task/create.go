@@ -328,8 +328,15 @@ func (s *Service) newProcess(ctx context.Context, sb *sandbox.Sandbox, cid, eid 
 	steps.Mark("stdio")
 	in, out, errw := cfg.Wants()
 	agent := sb.Agent()
+	wants := []bool{in, out, errw}
+	// Ordering: the streams' connections are dialed while the guest
+	// creates the process (a vsock handshake through the VMM and a guest
+	// accept each, which need not wait for it); their headers, which name
+	// the process, are sent once it exists.
+	dialed := predialStreams(ctx, agent, wants)
 	pid, err := create(ctx, sandbox.StdioFlags{Stdin: in, Stdout: out, Stderr: errw})
 	if err != nil {
+		dialed.close()
 		return nil, fmt.Errorf("create process in the guest: %w", err)
 	}
 	steps.Mark("guest")
@@ -352,7 +359,7 @@ func (s *Service) newProcess(ctx context.Context, sb *sandbox.Sandbox, cid, eid 
 	// (each is a vsock connection through the VMM and a guest accept).
 	var errs [3]error
 	var wg sync.WaitGroup
-	for i, want := range []bool{in, out, errw} {
+	for i, want := range wants {
 		if !want {
 			continue
 		}
@@ -360,7 +367,7 @@ func (s *Service) newProcess(ctx context.Context, sb *sandbox.Sandbox, cid, eid 
 		go func() {
 			defer wg.Done()
 			name := []sandbox.Stream{sandbox.Stdin, sandbox.Stdout, sandbox.Stderr}[i]
-			if conns[i], errs[i] = agent.OpenStream(ctx, cid, eid, name); errs[i] != nil {
+			if conns[i], errs[i] = dialed.attach(ctx, agent, i, cid, eid, name); errs[i] != nil {
 				errs[i] = fmt.Errorf("attach %s: %w", name, errs[i])
 			}
 		}()
@@ -421,4 +428,56 @@ func (s *Service) processExited(p *process.Process) {
 		ContainerID: p.ContainerID(), ID: p.ID(), Pid: s.hostPid(),
 		ExitStatus: e.Status, ExitedAt: timestamp(e.At),
 	})
+}
+
+// predialed are stream connections dialed ahead of the process they will
+// carry (predialStreams), one result per wanted stream.
+type predialed [3]chan dialResult
+
+type dialResult struct {
+	conn net.Conn
+	err  error
+}
+
+// predialStreams dials the agent's stream port once per wanted stream,
+// concurrently.
+func predialStreams(ctx context.Context, agent sandbox.AgentClient, wants []bool) predialed {
+	var d predialed
+	for i, want := range wants {
+		if !want {
+			continue
+		}
+		d[i] = make(chan dialResult, 1)
+		go func() {
+			c, err := agent.DialStream(ctx)
+			d[i] <- dialResult{c, err}
+		}()
+	}
+	return d
+}
+
+// attach attaches stream name on the i-th connection dialed ahead; when
+// that failed (its dial, or the agent gave up waiting for the header) it
+// opens the stream on a new connection.
+func (d predialed) attach(ctx context.Context, agent sandbox.AgentClient, i int, cid, eid string, name sandbox.Stream) (net.Conn, error) {
+	if r := <-d[i]; r.err == nil {
+		if c, err := agent.AttachStream(ctx, r.conn, cid, eid, name); err == nil {
+			return c, nil
+		}
+	}
+	return agent.OpenStream(ctx, cid, eid, name)
+}
+
+// close drops the connections dialed ahead (the process was not created).
+func (d predialed) close() {
+	for _, ch := range d {
+		if ch == nil {
+			continue
+		}
+		go func() {
+			if r := <-ch; r.err == nil {
+				r.conn.Close()
+			}
+		}()
+	}
 }

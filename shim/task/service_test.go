@@ -331,6 +331,28 @@ func TestRunPrintsOutputAndExitsZero(t *testing.T) {
 	}
 }
 
+// The stdio streams' connections are dialed while the guest creates the
+// process; when such a dial failed the stream is opened on a new one.
+func TestStreamsDialedAheadOrOpenedAfter(t *testing.T) {
+	for _, dialErr := range []error{nil, errors.New("vsock dial refused")} {
+		h := newHarness(t)
+		h.agent.DialStreamErr = dialErr
+		f := h.fifos(false)
+		h.create("c1", []string{"echo", "hi"}, f, nil)
+		h.start("c1", "")
+		if got := readAll(t, f.stdout); got != "hi\n" {
+			t.Fatalf("dial error %v: stdout %q", dialErr, got)
+		}
+		if st := h.wait("c1", ""); st != 0 {
+			t.Fatalf("dial error %v: exit %d", dialErr, st)
+		}
+		// stdout and stderr: dialed ahead each, attached once each.
+		if d, o := h.agent.CallCount("DialStream"), h.agent.CallCount("OpenStream"); d != 2 || o != 2 {
+			t.Fatalf("dial error %v: %d streams dialed ahead, %d opened, want 2 and 2 (calls %v)", dialErr, d, o, h.agent.CallLog())
+		}
+	}
+}
+
 func TestExitCodesAndSignals(t *testing.T) {
 	h := newHarness(t)
 	h.create("c1", []string{"sleep"}, nil, nil)
@@ -744,16 +766,18 @@ func TestTemplateRestore(t *testing.T) {
 	}
 	// Clock and RNG were refreshed before the container was created.
 	// SetTime, ReseedRandom and the rootfs's MountDisk are issued together
-	// (any order), after Health and before CreateContainer.
-	calls := h.agent.CallLog()
+	// (any order), first (a restored agent gets no Health: the vsock
+	// handshake shows it listens) and before CreateContainer.
+	// (The streams' connections are dialed concurrently with the create.)
+	calls := slices.DeleteFunc(h.agent.CallLog(), func(c string) bool { return c == "DialStream" })
 	at := func(name string) int { return slices.Index(calls, name) }
 	create := at("CreateContainer")
-	if at("Health") != 0 || create < 0 || h.agent.CallCount("MountDisk") != 1 {
+	if at("Health") >= 0 || create != 3 || h.agent.CallCount("MountDisk") != 1 {
 		t.Fatalf("agent calls %v", calls)
 	}
 	for _, c := range []string{"SetTime", "ReseedRandom", "MountDisk"} {
-		if i := at(c); i < 1 || i > create {
-			t.Fatalf("agent calls %v: %s not between Health and CreateContainer", calls, c)
+		if i := at(c); i < 0 || i > create {
+			t.Fatalf("agent calls %v: %s not before CreateContainer", calls, c)
 		}
 	}
 	h.start("c1", "")

@@ -48,6 +48,8 @@ type Agent struct {
 	RenameErr error
 	// BlockDeviceErr, when set, is BlockDevice's answer.
 	BlockDeviceErr error
+	// DialStreamErr, when set, is DialStream's answer.
+	DialStreamErr error
 	// TreeErr, when set, is SyncTree's answer.
 	TreeErr error
 	trees   map[string]sandbox.Tree

@@ -17,6 +17,27 @@ func (a *Agent) OpenStream(ctx context.Context, cid, eid string, s sandbox.Strea
 	return a.openStream(cid, eid, s, false)
 }
 
+// DialStream returns a placeholder connection for AttachStream.
+func (a *Agent) DialStream(ctx context.Context) (net.Conn, error) {
+	if err := a.enter("DialStream"); err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	err := a.DialStreamErr
+	a.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	c, _ := net.Pipe()
+	return c, nil
+}
+
+// AttachStream closes the placeholder and is OpenStream.
+func (a *Agent) AttachStream(ctx context.Context, conn net.Conn, cid, eid string, s sandbox.Stream) (net.Conn, error) {
+	conn.Close()
+	return a.openStream(cid, eid, s, false)
+}
+
 // ReattachStream is OpenStream replacing the stream's connection.
 func (a *Agent) ReattachStream(ctx context.Context, cid, eid string, s sandbox.Stream) (net.Conn, error) {
 	return a.openStream(cid, eid, s, true)
