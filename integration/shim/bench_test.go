@@ -29,6 +29,25 @@ func BenchmarkCtrRunTrue(b *testing.B) {
 	medians := map[string]time.Duration{}
 	lost := map[string]int{}
 	steps := map[string]*runSteps{}
+	// paired: a runc run right after each template run, timed alike, so
+	// the ratio of each pair is taken on the machine as it was then (the
+	// variants' medians come minutes apart, and a shared machine drifts).
+	_, err := os.Stat("/cube/bin/runc")
+	haveRunc := err == nil
+	var paired []float64
+	var pairedRunc []time.Duration
+	runc := func(id string) (time.Duration, error) {
+		cargs := append(append([]string{"run", "--rm"}, cubetest.RuncRuntime.Args...), cubetest.ImageRef, id, "true")
+		from := d.LogSize()
+		start := time.Now()
+		out, rc, err := d.CtrQuiet(nil, cargs...)
+		took := time.Since(start)
+		if err != nil || rc != 0 {
+			d.Forget(id)
+			return 0, d.CtrFailure(cargs, out, rc, err, from)
+		}
+		return took, nil
+	}
 	run := func(b *testing.B, loss *benchloss.Counter, name string, args ...string) {
 		st := newRunSteps()
 		steps[name] = st
@@ -51,6 +70,14 @@ func BenchmarkCtrRunTrue(b *testing.B) {
 				if strings.HasPrefix(name, "cube") {
 					st.add(d.LogFrom(from), start, took)
 				}
+				if name == "cube-template" && haveRunc {
+					r, err := runc(fmt.Sprintf("pair%d", n))
+					if err != nil {
+						b.Fatalf("paired runc run: %v", err)
+					}
+					pairedRunc = append(pairedRunc, r)
+					paired = append(paired, float64(took)/float64(r))
+				}
 				return nil
 			}))
 		}
@@ -65,16 +92,27 @@ func BenchmarkCtrRunTrue(b *testing.B) {
 	}
 	b.Run("cube-cold", func(b *testing.B) { run(b, benchloss.New(b), "cube-cold", d.ColdRuntime(b)...) })
 	b.Run("cube-template", func(b *testing.B) {
+		if haveRunc {
+			// Untimed: the overlayfs snapshotter unpacks the image on runc's first run.
+			if _, err := runc("pair-warm"); err != nil {
+				b.Fatal(err)
+			}
+		}
 		loss := benchloss.New(b)
 		run(b, loss, "cube-template", d.templateRuntime(b, loss)...)
 	})
 	b.Run("runc", func(b *testing.B) {
-		if _, err := os.Stat("/cube/bin/runc"); err != nil {
+		if !haveRunc {
 			b.Skip("runc not in the test host (not found on the machine)")
 		}
 		run(b, benchloss.New(b), "runc", cubetest.RuncRuntime.Args...)
 	})
 	fmt.Print(runTable(medians, lost))
+	if len(paired) > 0 {
+		slices.Sort(paired)
+		fmt.Printf("cube-template vs a runc run right after each (%d pairs): median ratio %.2fx (min %.2fx, max %.2fx); those runc runs' median %v\n",
+			len(paired), paired[len(paired)/2], paired[0], paired[len(paired)-1], cubetest.Median(pairedRunc).Round(time.Millisecond))
+	}
 	for _, n := range []string{"cube-template", "cube-cold"} {
 		if st := steps[n]; st != nil {
 			fmt.Print(st.table(n))
