@@ -31,6 +31,9 @@ func (s *Service) PrepareSpare(ctx context.Context, req *protocol.PrepareSpareRe
 	if s.spare != nil {
 		return &protocol.PrepareSpareResponse{Pid: uint32(s.spare.Pid)}, nil
 	}
+	// The agent decodes the first create's spec too: warm its caches as
+	// the spare warms its own.
+	container.WarmJSON()
 	sp, err := container.PrepareSpare(s.cfg.HelperPath, nss, container.Starter[initsys.Exit](s.cfg.Reaper.Start))
 	if err != nil {
 		return nil, toStatus(err, "prepare a spare container helper")

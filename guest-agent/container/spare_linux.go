@@ -253,7 +253,7 @@ func runSpare(status *os.File, entered int64) error {
 		}
 		st.mark("lo")
 	}
-	warmDecoder()
+	WarmJSON()
 	st.mark("warm")
 	writeStatus(status, statusMsg{Stage: "parked", EnteredNS: entered, StagesMS: st.String()})
 	buf := make([]byte, 1)
@@ -315,11 +315,11 @@ func freshMountNamespace() error {
 	return nil
 }
 
-// warmDecoder round-trips a config shaped like a create's through
-// encoding/json once, so the spare is parked (and snapshotted with a
-// template) with the field caches of the spec's types built: building
-// them is most of a cold helper's config decode.
-func warmDecoder() {
+// WarmJSON round-trips a config shaped like a create's through
+// encoding/json once, so that a process snapshotted with a template (the
+// spare, the agent) has the field caches of the spec's types built:
+// building them is most of a cold process's first spec decode.
+func WarmJSON() {
 	u := uint32(0)
 	i64 := int64(0)
 	b := true
