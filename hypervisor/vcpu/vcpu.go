@@ -109,30 +109,53 @@ func (v *VCPU) Start(onExit func(Result)) {
 	}
 	v.mu.Unlock()
 	started := make(chan struct{})
-	go func() {
-		// Never unlocked: the thread dies with the goroutine, so no other
-		// goroutine inherits a thread whose tid we may still signal.
-		runtime.LockOSThread()
-		// The thread's name, as QEMU's "CPU 0/KVM": ps, top and /proc
-		// then tell guest time (this thread) from the VMM's own.
-		_ = unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&threadName(v.CPU.ID())[0])), 0, 0, 0)
-		v.mu.Lock()
-		v.tid = unix.Gettid()
-		v.state = Running
-		v.mu.Unlock()
-		close(started)
-		res := v.loop()
-		v.mu.Lock()
-		v.result = res
-		v.state = Stopped
-		v.cond.Broadcast()
-		v.mu.Unlock()
-		close(v.done)
-		if onExit != nil {
-			onExit(res)
-		}
-	}()
+	go v.run(onExit, started)
 	<-started
+}
+
+// run is the vCPU's thread. Ordering: the goroutine locks its thread
+// before it names it; when that thread is the process's main thread (the
+// runtime may pick it while Start's caller waits), whose name is the
+// process's (ps, pgrep, /proc/PID/comm), the loop moves to another thread:
+// the main thread stays locked to this goroutine until the new one has
+// locked its own, so the runtime cannot give it the main thread again.
+func (v *VCPU) run(onExit func(Result), started chan struct{}) {
+	runtime.LockOSThread()
+	if unix.Gettid() == unix.Getpid() {
+		moved := make(chan struct{})
+		go v.loopThread(onExit, started, moved)
+		<-moved
+		runtime.UnlockOSThread()
+		return
+	}
+	v.loopThread(onExit, started, nil)
+}
+
+func (v *VCPU) loopThread(onExit func(Result), started, moved chan struct{}) {
+	// Never unlocked: the thread dies with the goroutine, so no other
+	// goroutine inherits a thread whose tid we may still signal.
+	runtime.LockOSThread()
+	if moved != nil {
+		close(moved)
+	}
+	// The thread's name, as QEMU's "CPU 0/KVM": ps, top and /proc
+	// then tell guest time (this thread) from the VMM's own.
+	_ = unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&threadName(v.CPU.ID())[0])), 0, 0, 0)
+	v.mu.Lock()
+	v.tid = unix.Gettid()
+	v.state = Running
+	v.mu.Unlock()
+	close(started)
+	res := v.loop()
+	v.mu.Lock()
+	v.result = res
+	v.state = Stopped
+	v.cond.Broadcast()
+	v.mu.Unlock()
+	close(v.done)
+	if onExit != nil {
+		onExit(res)
+	}
 }
 
 // Done is closed when the thread has ended.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/cube-runtime/cube/hypervisor/bus"
 	"github.com/cube-runtime/cube/hypervisor/kvm"
 	"github.com/cube-runtime/cube/hypervisor/kvmtest"
+	"golang.org/x/sys/unix"
 )
 
 func newGuest(t *testing.T, code []byte) *kvmtest.Guest {
@@ -208,4 +210,61 @@ func BenchmarkPauseResume(b *testing.B) {
 		Set{v}.Pause()
 		Set{v}.Resume()
 	}
+}
+
+// mainThread runs calls on the process's main thread (TestMain's goroutine,
+// locked to it by init).
+var mainThread = make(chan func())
+
+func init() { runtime.LockOSThread() }
+
+func TestMain(m *testing.M) {
+	done := make(chan int)
+	go func() { done <- m.Run() }()
+	for {
+		select {
+		case f := <-mainThread:
+			f()
+		case code := <-done:
+			os.Exit(code)
+		}
+	}
+}
+
+// A vCPU started on the process's main thread moves to another: naming the
+// main thread vcpu0 would rename the process (ps, pgrep, /proc/PID/comm).
+func TestVCPUNeverRenamesTheProcess(t *testing.T) {
+	g := newGuest(t, loopCode)
+	var pio, mmio bus.Bus
+	v := New(g.CPU, &pio, &mmio)
+	before, err := os.ReadFile("/proc/self/comm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan Result, 1)
+	started := make(chan struct{})
+	ran := make(chan bool)
+	mainThread <- func() {
+		ran <- unix.Gettid() == unix.Getpid()
+		v.run(func(r Result) { exited <- r }, started)
+	}
+	if !<-ran {
+		t.Fatal("mainThread did not run on the main thread")
+	}
+	<-started
+	waitAbove(t, counter(g), 0)
+	v.mu.Lock()
+	tid := v.tid
+	v.mu.Unlock()
+	if tid == unix.Getpid() {
+		t.Errorf("the vCPU runs on the main thread")
+	}
+	if after, _ := os.ReadFile("/proc/self/comm"); string(after) != string(before) {
+		t.Errorf("process renamed %q → %q", before, after)
+	}
+	if comm, err := os.ReadFile(fmt.Sprintf("/proc/self/task/%d/comm", tid)); err != nil || string(comm) != "vcpu0\n" {
+		t.Errorf("vCPU thread %d is named %q (%v), want vcpu0", tid, comm, err)
+	}
+	Set{v}.Stop()
+	<-exited
 }
