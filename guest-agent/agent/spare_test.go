@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"io"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -148,4 +149,48 @@ func TestSpareHelperWithTerminalAndBadSpec(t *testing.T) {
 	if w := h.wait("tty", ""); w.ExitStatus != 7 {
 		t.Errorf("exit %d, want 7", w.ExitStatus)
 	}
+}
+
+func openFds(t *testing.T) int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+// Spares and forked helpers, used, discarded or failed, leave none of the
+// agent's file descriptors open.
+func TestSpareAndHelpersLeaveNoFds(t *testing.T) {
+	needRoot(t)
+	h := newHarness(t, nil)
+	root := makeRootfs(t)
+	run := func(id string, spec *specs.Spec) {
+		t.Helper()
+		h.createTimed(id, spec, nil)
+		h.start(id, "")
+		h.wait(id, "")
+		if _, err := h.client.Delete(context.Background(), &protocol.DeleteRequest{ContainerId: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run("warm", withNetns(testSpec(root, "true"))) // the harness's own connections settle
+	before := openFds(t)
+	h.prepareSpare()
+	run("taken", withNetns(testSpec(root, "true")))
+	h.prepareSpare()
+	run("discarding", testSpec(root, "true"))
+	h.prepareSpare()
+	_, err := h.client.CreateContainer(context.Background(), &protocol.CreateContainerRequest{ContainerId: "bad", Spec: specJSON(t, withNetns(testSpec(root, "nope")))})
+	if err == nil {
+		t.Fatal("create of a missing command succeeded")
+	}
+	run("forked", withNetns(testSpec(root, "true")))
+	var after int
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if after = openFds(t); after <= before {
+			return
+		}
+	}
+	t.Errorf("%d file descriptors open after, %d before", after, before)
 }

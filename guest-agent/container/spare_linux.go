@@ -80,50 +80,24 @@ func PrepareSpare[E any](helper string, nss []specs.LinuxNamespaceType, starter 
 	if helper == "" {
 		helper = "/proc/self/exe"
 	}
-	cfgR, cfgW, err := os.Pipe()
+	files, err := newHelperFiles()
 	if err != nil {
-		return nil, fmt.Errorf("pipe: %w", err)
-	}
-	defer cfgR.Close()
-	statR, statW, err := os.Pipe()
-	if err != nil {
-		cfgW.Close()
-		return nil, fmt.Errorf("pipe: %w", err)
-	}
-	defer statW.Close()
-	startR, startW, err := os.Pipe()
-	if err != nil {
-		cfgW.Close()
-		statR.Close()
-		return nil, fmt.Errorf("pipe: %w", err)
-	}
-	defer startR.Close()
-	handoff, child, err := socketPair("handoff")
-	if err != nil {
-		cfgW.Close()
-		statR.Close()
-		startW.Close()
 		return nil, err
 	}
-	defer child.Close()
-	devNull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	defer files.closeChild()
+	handoff, child, err := socketPair("handoff")
 	if err != nil {
-		cfgW.Close()
-		statR.Close()
-		startW.Close()
-		handoff.Close()
-		return nil, fmt.Errorf("open /dev/null: %w", err)
+		files.closeOurs()
+		return nil, err
 	}
-	defer devNull.Close()
+	files.child = append(files.child, child) // fd 6
 	mntNS, err := os.Open("/proc/self/ns/mnt")
 	if err != nil {
-		cfgW.Close()
-		statR.Close()
-		startW.Close()
 		handoff.Close()
+		files.closeOurs()
 		return nil, fmt.Errorf("open the agent's mount namespace: %w", err)
 	}
-	defer mntNS.Close()
+	files.child = append(files.child, mntNS) // fd 7
 	args := []string{InitArg0, spareArg}
 	if flags&unix.CLONE_NEWNET != 0 {
 		args = append(args, spareLoUp)
@@ -131,18 +105,16 @@ func PrepareSpare[E any](helper string, nss []specs.LinuxNamespaceType, starter 
 	if flags&unix.CLONE_NEWNS != 0 {
 		args = append(args, spareNewMnt)
 	}
-	h := helperProc{path: helper, args: args, stdio: [3]*os.File{devNull, devNull, devNull},
-		extra: []*os.File{cfgR, statW, startR, child, mntNS}, cloneFlags: flags} // fds 3, 4, 5, 6, 7
+	h := helperProc{path: helper, args: args, stdio: [3]*os.File{files.devNull, files.devNull, files.devNull},
+		extra: files.child, cloneFlags: flags}
 	pid, exited, err := startHelper(&h, starter)
 	if err != nil {
-		cfgW.Close()
-		statR.Close()
-		startW.Close()
 		handoff.Close()
+		files.closeOurs()
 		return nil, err
 	}
-	sp := &Spare[E]{Pid: pid, Exited: exited, flags: flags, handoff: handoff, cfgW: cfgW, start: startW,
-		statF: statR, status: bufio.NewReader(statR)}
+	sp := &Spare[E]{Pid: pid, Exited: exited, flags: flags, handoff: handoff, cfgW: files.cfgW, start: files.startW,
+		statF: files.statR, status: bufio.NewReader(files.statR)}
 	p := sp.prepared()
 	m, err := p.readStatus()
 	if err == nil && (m == nil || m.Stage != "parked") {

@@ -67,13 +67,60 @@ type Prepared[E any] struct {
 // Prepare forks the helper and waits until it has set everything up. On
 // error nothing is left running (the helper exited by itself).
 func Prepare[E any](o SpawnOptions, starter Starter[E]) (*Prepared[E], error) {
-	cfg := InitConfig{Mode: o.Mode, Rootfs: o.Rootfs, Spec: o.Spec, Process: o.Process}
-	var cloneFlags uintptr
-	pidNs := ""
+	cfg, cloneFlags, pidNs, err := initConfig(o)
+	if err != nil {
+		return nil, err
+	}
+	payload, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("encode init config: %w", err)
+	}
+	files, err := newHelperFiles()
+	if err != nil {
+		return nil, err
+	}
+	defer files.closeChild()
+	var console *os.File // our end of the console socket
+	if o.Terminal {
+		var child *os.File
+		if console, child, err = socketPair("console-socket"); err != nil {
+			files.closeOurs()
+			return nil, err
+		}
+		// Closed on return: the helper's pty master arrives on it before "ready".
+		defer console.Close()
+		files.child = append(files.child, child) // fd 6
+	}
+	helper := o.Helper
+	if helper == "" {
+		helper = "/proc/self/exe"
+	}
+	h := helperProc{path: helper, args: []string{InitArg0},
+		stdio: [3]*os.File{files.orNull(o.Stdin), files.orNull(o.Stdout), files.orNull(o.Stderr)},
+		extra: files.child, cloneFlags: cloneFlags, cgroupFD: o.CgroupFD}
+	pid, exited, err := startIn(pidNs, &h, starter)
+	if err != nil {
+		files.closeOurs()
+		return nil, err
+	}
+	p := &Prepared[E]{Pid: pid, Exited: exited, start: files.startW, statF: files.statR, status: bufio.NewReader(files.statR)}
+	m, err := p.await(files.cfgW, payload, console)
+	if err != nil {
+		return nil, err
+	}
+	p.Timing = fmt.Sprintf("fork=%.1f exec=%.1f %s ready=%.1f", float64(h.forkedNS-h.forkNS)/1e6,
+		float64(m.EnteredNS-h.forkedNS)/1e6, m.StagesMS, float64(monotonicNS()-h.forkNS)/1e6)
+	return p, nil
+}
+
+// initConfig is what the helper of o is told, how it is cloned, and the
+// pid namespace it is forked in ("": ours or a new one).
+func initConfig(o SpawnOptions) (cfg InitConfig, cloneFlags uintptr, pidNs string, err error) {
+	cfg = InitConfig{Mode: o.Mode, Rootfs: o.Rootfs, Spec: o.Spec, Process: o.Process}
 	switch o.Mode {
 	case ModeCreate:
 		if o.Spec == nil {
-			return nil, invalidf("create without spec")
+			return cfg, 0, "", invalidf("create without spec")
 		}
 		cfg.Process = o.Spec.Process
 		cloneFlags = CloneFlags(o.Spec)
@@ -89,124 +136,99 @@ func Prepare[E any](o SpawnOptions, starter Starter[E]) (*Prepared[E], error) {
 		}
 	case ModeExec:
 		if o.Process == nil || o.InitPid <= 0 {
-			return nil, invalidf("exec without process or container pid")
+			return cfg, 0, "", invalidf("exec without process or container pid")
 		}
-		joins, pidPath, err := namespacesOf(o.InitPid)
-		if err != nil {
-			return nil, err
+		if cfg.Join, pidNs, err = namespacesOf(o.InitPid); err != nil {
+			return cfg, 0, "", err
 		}
-		cfg.Join, pidNs = joins, pidPath
 	default:
-		return nil, invalidf("unknown mode %q", o.Mode)
+		return cfg, 0, "", invalidf("unknown mode %q", o.Mode)
 	}
-	payload, err := json.Marshal(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("encode init config: %w", err)
-	}
+	return cfg, cloneFlags, pidNs, nil
+}
 
-	var closeAfter []*os.File
-	defer func() {
-		for _, f := range closeAfter {
+// startIn starts h in the pid namespace pidNs ("": the caller's). Joining
+// a pid namespace only affects children forked afterwards by the joining
+// thread: the fork then happens on a dedicated locked thread that dies.
+func startIn[E any](pidNs string, h *helperProc, starter Starter[E]) (pid int, exited <-chan E, err error) {
+	if pidNs == "" {
+		return startHelper(h, starter)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
+		fd, err := unix.Open(pidNs, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			errc <- fmt.Errorf("open pid namespace %s: %w", pidNs, err)
+			return
+		}
+		defer unix.Close(fd)
+		if err := unix.Setns(fd, unix.CLONE_NEWPID); err != nil {
+			errc <- fmt.Errorf("setns pid namespace %s: %w", pidNs, err)
+			return
+		}
+		pid, exited, err = startHelper(h, starter)
+		errc <- err
+	}()
+	return pid, exited, <-errc
+}
+
+// helperFiles are what a helper is forked with: its ends of the config,
+// status and start pipes (fds 3, 4, 5; child, to which a caller appends
+// what follows) and /dev/null for the stdio it is not given, and our ends
+// of the pipes.
+type helperFiles struct {
+	child               []*os.File
+	devNull             *os.File
+	cfgW, statR, startW *os.File
+}
+
+func newHelperFiles() (*helperFiles, error) {
+	var made []*os.File
+	fail := func(err error) (*helperFiles, error) {
+		for _, f := range made {
 			f.Close()
 		}
-	}()
-	pipe := func() (r, w *os.File, err error) {
-		r, w, err = os.Pipe()
+		return nil, err
+	}
+	var ends [6]*os.File
+	for i := 0; i < 3; i++ {
+		r, w, err := os.Pipe()
 		if err != nil {
-			return nil, nil, fmt.Errorf("pipe: %w", err)
+			return fail(fmt.Errorf("pipe: %w", err))
 		}
-		return r, w, nil
-	}
-	cfgR, cfgW, err := pipe()
-	if err != nil {
-		return nil, err
-	}
-	closeAfter = append(closeAfter, cfgR)
-	statR, statW, err := pipe()
-	if err != nil {
-		cfgW.Close()
-		return nil, err
-	}
-	closeAfter = append(closeAfter, statW)
-	startR, startW, err := pipe()
-	if err != nil {
-		cfgW.Close()
-		statR.Close()
-		return nil, err
-	}
-	closeAfter = append(closeAfter, startR)
-	extra := []*os.File{cfgR, statW, startR} // fds 3, 4, 5
-	var console *os.File                     // our end of the console socket
-	if o.Terminal {
-		var child *os.File
-		if console, child, err = socketPair("console-socket"); err != nil {
-			cfgW.Close()
-			statR.Close()
-			startW.Close()
-			return nil, err
-		}
-		closeAfter = append(closeAfter, child, console)
-		extra = append(extra, child) // fd 6
-	}
-
-	helper := o.Helper
-	if helper == "" {
-		helper = "/proc/self/exe"
+		made = append(made, r, w)
+		ends[2*i], ends[2*i+1] = r, w
 	}
 	devNull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 	if err != nil {
-		return nil, fmt.Errorf("open /dev/null: %w", err)
+		return fail(fmt.Errorf("open /dev/null: %w", err))
 	}
-	closeAfter = append(closeAfter, devNull)
-	orNull := func(f *os.File) *os.File {
-		if f == nil {
-			return devNull
-		}
-		return f
+	return &helperFiles{child: []*os.File{ends[0], ends[3], ends[4]}, devNull: devNull,
+		cfgW: ends[1], statR: ends[2], startW: ends[5]}, nil
+}
+
+func (f *helperFiles) orNull(file *os.File) *os.File {
+	if file == nil {
+		return f.devNull
 	}
-	h := helperProc{path: helper, args: []string{InitArg0}, stdio: [3]*os.File{orNull(o.Stdin), orNull(o.Stdout), orNull(o.Stderr)},
-		extra: extra, cloneFlags: cloneFlags, cgroupFD: o.CgroupFD}
-	var (
-		pid    int
-		exited <-chan E
-	)
-	if pidNs != "" {
-		// Joining a pid namespace only affects children forked afterwards by
-		// this thread: fork on a dedicated locked thread that then dies.
-		errc := make(chan error, 1)
-		go func() {
-			runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
-			fd, err := unix.Open(pidNs, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-			if err != nil {
-				errc <- fmt.Errorf("open pid namespace %s: %w", pidNs, err)
-				return
-			}
-			defer unix.Close(fd)
-			if err := unix.Setns(fd, unix.CLONE_NEWPID); err != nil {
-				errc <- fmt.Errorf("setns pid namespace %s: %w", pidNs, err)
-				return
-			}
-			pid, exited, err = startHelper(&h, starter)
-			errc <- err
-		}()
-		err = <-errc
-	} else {
-		pid, exited, err = startHelper(&h, starter)
+	return file
+}
+
+// closeChild drops our copies of the helper's files (after the fork, or
+// when there is none).
+func (f *helperFiles) closeChild() {
+	for _, c := range f.child {
+		c.Close()
 	}
-	if err != nil {
-		cfgW.Close()
-		statR.Close()
-		startW.Close()
-		return nil, err
-	}
-	p := &Prepared[E]{Pid: pid, Exited: exited, start: startW, statF: statR, status: bufio.NewReader(statR)}
-	m, err := p.await(cfgW, payload, console)
-	if err != nil {
-		return nil, err
-	}
-	p.Timing = fmt.Sprintf("fork=%.1f exec=%.1f %s ready=%.1f", float64(h.forkedNS-h.forkNS)/1e6,
-		float64(m.EnteredNS-h.forkedNS)/1e6, m.StagesMS, float64(monotonicNS()-h.forkNS)/1e6)
-	return p, nil
+	f.devNull.Close()
+}
+
+// closeOurs drops our ends of the pipes (the helper did not start).
+func (f *helperFiles) closeOurs() {
+	f.cfgW.Close()
+	f.statR.Close()
+	f.startW.Close()
 }
 
 // await sends the helper its config and waits until it is ready; console
