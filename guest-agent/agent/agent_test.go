@@ -213,14 +213,18 @@ func specJSON(t testing.TB, s any) []byte {
 	return b
 }
 
-func (h *harness) create(id string, spec *specs.Spec, stdio *protocol.Stdio) {
+// create creates container id (force-deleted at the end of the test) and
+// returns what the create took in the guest (CreateContainerResponse.timing).
+func (h *harness) create(id string, spec *specs.Spec, stdio *protocol.Stdio) string {
 	h.t.Helper()
-	if _, err := h.client.CreateContainer(context.Background(), &protocol.CreateContainerRequest{ContainerId: id, Spec: specJSON(h.t, spec), Stdio: stdio}); err != nil {
+	r, err := h.client.CreateContainer(context.Background(), &protocol.CreateContainerRequest{ContainerId: id, Spec: specJSON(h.t, spec), Stdio: stdio})
+	if err != nil {
 		h.t.Fatalf("create %s: %v", id, err)
 	}
 	h.t.Cleanup(func() {
 		h.client.Delete(context.Background(), &protocol.DeleteRequest{ContainerId: id, Force: true})
 	})
+	return r.Timing
 }
 
 func (h *harness) start(id, exec string) {

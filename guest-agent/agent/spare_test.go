@@ -11,6 +11,7 @@ import (
 	"github.com/cube-runtime/cube/guest-agent/protocol"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
 )
 
 // withNetns is testSpec's container with a network namespace of its own:
@@ -18,18 +19,6 @@ import (
 func withNetns(s *specs.Spec) *specs.Spec {
 	s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.NetworkNamespace})
 	return s
-}
-
-func (h *harness) createTimed(id string, spec *specs.Spec, stdio *protocol.Stdio) string {
-	h.t.Helper()
-	r, err := h.client.CreateContainer(context.Background(), &protocol.CreateContainerRequest{ContainerId: id, Spec: specJSON(h.t, spec), Stdio: stdio})
-	if err != nil {
-		h.t.Fatalf("create %s: %v", id, err)
-	}
-	h.t.Cleanup(func() {
-		h.client.Delete(context.Background(), &protocol.DeleteRequest{ContainerId: id, Force: true})
-	})
-	return r.Timing
 }
 
 func (h *harness) prepareSpare() *protocol.PrepareSpareResponse {
@@ -71,7 +60,7 @@ func TestSpareHelperTakesTheFirstFittingCreate(t *testing.T) {
 	// stdin, stdout and stderr all travel in the handoff; the container is
 	// in its pid namespace, its cgroup, with lo up in its own network namespace.
 	spec := withNetns(testSpec(root, "sh", "-c", "cat; echo pid=$$; hostname; grep -c spare1 /proc/self/cgroup; grep -c 'lo:' /proc/net/dev; echo err >&2; exit 5"))
-	timing := h.createTimed("spare1", spec, &protocol.Stdio{Stdin: true, Stdout: true, Stderr: true})
+	timing := h.create("spare1", spec, &protocol.Stdio{Stdin: true, Stdout: true, Stderr: true})
 	if !strings.Contains(timing, "spare=1") || strings.Contains(timing, "fork=") {
 		t.Errorf("create timing %q: want the spare taken (spare=1), no fork", timing)
 	}
@@ -96,7 +85,7 @@ func TestSpareHelperTakesTheFirstFittingCreate(t *testing.T) {
 	}
 
 	// Used up: the next create forks its helper.
-	if timing := h.createTimed("forked", withNetns(testSpec(root, "true")), nil); strings.Contains(timing, "spare=1") || !strings.Contains(timing, "fork=") {
+	if timing := h.create("forked", withNetns(testSpec(root, "true")), nil); strings.Contains(timing, "spare=1") || !strings.Contains(timing, "fork=") {
 		t.Errorf("second create timing %q: want a forked helper", timing)
 	}
 }
@@ -107,7 +96,7 @@ func TestSpareHelperDiscardedByAnotherShape(t *testing.T) {
 	root := makeRootfs(t)
 	sp := h.prepareSpare()
 	// No network namespace: not the spare's namespaces.
-	if timing := h.createTimed("nonet", testSpec(root, "true"), nil); strings.Contains(timing, "spare=1") {
+	if timing := h.create("nonet", testSpec(root, "true"), nil); strings.Contains(timing, "spare=1") {
 		t.Errorf("create timing %q: the spare does not fit and must not be taken", timing)
 	}
 	if !gone(sp.Pid) {
@@ -117,7 +106,7 @@ func TestSpareHelperDiscardedByAnotherShape(t *testing.T) {
 	if sp2 := h.prepareSpare(); sp2.Pid == sp.Pid {
 		t.Errorf("PrepareSpare after the discard returned the old pid %d", sp.Pid)
 	}
-	if timing := h.createTimed("net", withNetns(testSpec(root, "true")), nil); !strings.Contains(timing, "spare=1") {
+	if timing := h.create("net", withNetns(testSpec(root, "true")), nil); !strings.Contains(timing, "spare=1") {
 		t.Errorf("create timing %q: want the new spare taken", timing)
 	}
 }
@@ -130,7 +119,7 @@ func TestSpareHelperWithTerminalAndBadSpec(t *testing.T) {
 	// A spec the helper refuses: the error is the helper's, and the spare is used up.
 	bad := withNetns(testSpec(root, "no-such-command"))
 	_, err := h.client.CreateContainer(context.Background(), &protocol.CreateContainerRequest{ContainerId: "bad", Spec: specJSON(t, bad)})
-	wantCode(t, err, 5 /* NotFound */, `executable "no-such-command" not found`)
+	wantCode(t, err, codes.NotFound, `executable "no-such-command" not found`)
 	if !gone(sp.Pid) {
 		t.Errorf("spare %d still runs after its create failed", sp.Pid)
 	}
@@ -138,7 +127,7 @@ func TestSpareHelperWithTerminalAndBadSpec(t *testing.T) {
 	h.prepareSpare()
 	spec := withNetns(testSpec(root, "sh", "-c", "tty; exit 7"))
 	spec.Process.Terminal = true
-	if timing := h.createTimed("tty", spec, &protocol.Stdio{Stdout: true}); !strings.Contains(timing, "spare=1") {
+	if timing := h.create("tty", spec, &protocol.Stdio{Stdout: true}); !strings.Contains(timing, "spare=1") {
 		t.Errorf("create timing %q: want the spare taken", timing)
 	}
 	out := h.stream("tty", "", protocol.Stdout)
@@ -167,7 +156,7 @@ func TestSpareAndHelpersLeaveNoFds(t *testing.T) {
 	root := makeRootfs(t)
 	run := func(id string, spec *specs.Spec) {
 		t.Helper()
-		h.createTimed(id, spec, nil)
+		h.create(id, spec, nil)
 		h.start(id, "")
 		h.wait(id, "")
 		if _, err := h.client.Delete(context.Background(), &protocol.DeleteRequest{ContainerId: id}); err != nil {

@@ -124,8 +124,7 @@ func PrepareSpare[E any](helper string, nss []specs.LinuxNamespaceType, starter 
 		sp.Discard()
 		return nil, err
 	}
-	sp.Timing = fmt.Sprintf("fork=%.1f exec=%.1f %s", float64(h.forkedNS-h.forkNS)/1e6,
-		float64(m.EnteredNS-h.forkedNS)/1e6, m.StagesMS)
+	sp.Timing = h.timing(m.EnteredNS) + " " + m.StagesMS
 	return sp, nil
 }
 
@@ -159,7 +158,12 @@ var ErrSpareGone = errors.New("the spare container helper is gone")
 func (sp *Spare[E]) Take(o SpawnOptions) (*Prepared[E], error) {
 	t0 := monotonicNS()
 	defer sp.handoff.Close()
-	payload, err := json.Marshal(InitConfig{Mode: ModeCreate, Rootfs: o.Rootfs, Spec: o.Spec, Process: o.Spec.Process})
+	cfg, _, _, err := initConfig(o) // no joins: the spare Fits
+	if err != nil {
+		sp.Discard()
+		return nil, err
+	}
+	payload, err := json.Marshal(cfg)
 	if err != nil {
 		sp.Discard()
 		return nil, fmt.Errorf("encode init config: %w", err)
@@ -200,8 +204,7 @@ func (sp *Spare[E]) Take(o SpawnOptions) (*Prepared[E], error) {
 	if err != nil {
 		return nil, err
 	}
-	p.Timing = fmt.Sprintf("spare=1 handoff=%.1f %s ready=%.1f", float64(m.EnteredNS-t0)/1e6, m.StagesMS,
-		float64(monotonicNS()-t0)/1e6)
+	p.Timing = fmt.Sprintf("spare=1 handoff=%.1f %s ready=%.1f", nsMS(m.EnteredNS-t0), m.StagesMS, nsMS(monotonicNS()-t0))
 	return p, nil
 }
 
@@ -228,19 +231,12 @@ func runSpare(status *os.File, entered int64) error {
 	WarmJSON()
 	st.mark("warm")
 	writeStatus(status, statusMsg{Stage: "parked", EnteredNS: entered, StagesMS: st.String()})
-	buf := make([]byte, 1)
-	oob := make([]byte, unix.CmsgSpace(maxHandoffFds*4))
-	n, oobn, _, _, err := unix.Recvmsg(handoffFd, buf, oob, unix.MSG_CMSG_CLOEXEC)
-	if err != nil || n == 0 {
+	n, fds, err := recvFds(handoffFd, maxHandoffFds)
+	if n == 0 {
 		// The agent dropped the spare (or died): nothing to set up.
 		os.Exit(0)
 	}
 	handed := monotonicNS()
-	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
-	if err != nil || len(msgs) != 1 {
-		return fmt.Errorf("spare helper: handoff without file descriptors (%v)", err)
-	}
-	fds, err := unix.ParseUnixRights(&msgs[0])
 	if err != nil || len(fds) < 3 || len(fds) > maxHandoffFds {
 		return fmt.Errorf("spare helper: handoff with %d file descriptors, want 3 or 4 (%v)", len(fds), err)
 	}

@@ -108,8 +108,7 @@ func Prepare[E any](o SpawnOptions, starter Starter[E]) (*Prepared[E], error) {
 	if err != nil {
 		return nil, err
 	}
-	p.Timing = fmt.Sprintf("fork=%.1f exec=%.1f %s ready=%.1f", float64(h.forkedNS-h.forkNS)/1e6,
-		float64(m.EnteredNS-h.forkedNS)/1e6, m.StagesMS, float64(monotonicNS()-h.forkNS)/1e6)
+	p.Timing = fmt.Sprintf("%s %s ready=%.1f", h.timing(m.EnteredNS), m.StagesMS, nsMS(monotonicNS()-h.forkNS))
 	return p, nil
 }
 
@@ -273,6 +272,12 @@ type helperProc struct {
 	forkNS, forkedNS int64
 }
 
+// timing is the helper's start for a Timing string: "fork=… exec=…" (ms),
+// the fork as seen by the caller, then to the helper's main at entered.
+func (h *helperProc) timing(entered int64) string {
+	return fmt.Sprintf("fork=%.1f exec=%.1f", nsMS(h.forkedNS-h.forkNS), nsMS(entered-h.forkedNS))
+}
+
 // startHelper forks and execs h through starter (the agent's reaper).
 func startHelper[E any](h *helperProc, starter Starter[E]) (int, <-chan E, error) {
 	cmd := &exec.Cmd{
@@ -314,19 +319,31 @@ func socketPair(name string) (ours, theirs *os.File, err error) {
 	return os.NewFile(uintptr(fds[0]), name), os.NewFile(uintptr(fds[1]), name+"-child"), nil
 }
 
-// recvConsole receives the pty master the helper sent on the console socket.
-func recvConsole(sock *os.File) (*os.File, error) {
+// recvFds receives one message on sock with the file descriptors it
+// carries (room for max; close-on-exec). n is the message's length: 0
+// when nothing was received, the peer having closed the socket (err nil)
+// or the receive failing (err says why).
+func recvFds(sock, max int) (n int, fds []int, err error) {
 	buf := make([]byte, 1)
-	oob := make([]byte, unix.CmsgSpace(4))
-	_, oobn, _, _, err := unix.Recvmsg(int(sock.Fd()), buf, oob, unix.MSG_CMSG_CLOEXEC)
-	if err != nil {
-		return nil, fmt.Errorf("receive the container's terminal: %w", err)
+	oob := make([]byte, unix.CmsgSpace(max*4))
+	n, oobn, _, _, err := unix.Recvmsg(sock, buf, oob, unix.MSG_CMSG_CLOEXEC)
+	if err != nil || n <= 0 {
+		return 0, nil, err
 	}
 	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
-	if err != nil || len(msgs) != 1 {
-		return nil, fmt.Errorf("receive the container's terminal: no file descriptor in the message (%v)", err)
+	if err != nil {
+		return n, nil, err
 	}
-	fds, err := unix.ParseUnixRights(&msgs[0])
+	if len(msgs) != 1 {
+		return n, nil, fmt.Errorf("%d control messages, want 1", len(msgs))
+	}
+	fds, err = unix.ParseUnixRights(&msgs[0])
+	return n, fds, err
+}
+
+// recvConsole receives the pty master the helper sent on the console socket.
+func recvConsole(sock *os.File) (*os.File, error) {
+	_, fds, err := recvFds(int(sock.Fd()), 1)
 	if err != nil || len(fds) != 1 {
 		for _, fd := range fds {
 			unix.Close(fd)

@@ -18,6 +18,9 @@ func monotonicNS() int64 {
 	return ts.Nano()
 }
 
+// nsMS is a duration in nanoseconds in milliseconds.
+func nsMS(ns int64) float64 { return float64(ns) / 1e6 }
+
 // stages times the helper's steps for the agent's log ("config=0.4
 // rootfs=12.1 …", ms).
 type stages struct {
@@ -32,7 +35,7 @@ func (s *stages) mark(name string) {
 	if s.b.Len() > 0 {
 		s.b.WriteByte(' ')
 	}
-	fmt.Fprintf(&s.b, "%s=%.1f", name, float64(now-s.last)/1e6)
+	fmt.Fprintf(&s.b, "%s=%.1f", name, nsMS(now-s.last))
 	s.last = now
 }
 

@@ -36,17 +36,23 @@ func BenchmarkCtrRunTrue(b *testing.B) {
 	haveRunc := err == nil
 	var paired []float64
 	var pairedRunc []time.Duration
-	runc := func(id string) (time.Duration, error) {
-		cargs := append(append([]string{"run", "--rm"}, cubetest.RuncRuntime.Args...), cubetest.ImageRef, id, "true")
-		from := d.LogSize()
-		start := time.Now()
+	// runTrue is one timed `ctr run --rm … id true` with the runtime flags
+	// args; from is where its lines begin in containerd's log.
+	runTrue := func(id string, args []string) (start time.Time, took time.Duration, from int64, err error) {
+		cargs := append(append([]string{"run", "--rm"}, args...), cubetest.ImageRef, id, "true")
+		from = d.LogSize()
+		start = time.Now()
 		out, rc, err := d.CtrQuiet(nil, cargs...)
-		took := time.Since(start)
+		took = time.Since(start)
 		if err != nil || rc != 0 {
 			d.Forget(id)
-			return 0, d.CtrFailure(cargs, out, rc, err, from)
+			return start, took, from, d.CtrFailure(cargs, out, rc, err, from)
 		}
-		return took, nil
+		return start, took, from, nil
+	}
+	runc := func(id string) (time.Duration, error) {
+		_, took, _, err := runTrue(id, cubetest.RuncRuntime.Args)
+		return took, err
 	}
 	run := func(b *testing.B, loss *benchloss.Counter, name string, args ...string) {
 		st := newRunSteps()
@@ -57,14 +63,9 @@ func BenchmarkCtrRunTrue(b *testing.B) {
 			loss.Stop(b, loss.Sample(fmt.Sprintf("%s run %d", name, len(times)+1), func() error {
 				n++
 				id := fmt.Sprintf("%s%d", name, n) // a fresh sandbox per attempt
-				cargs := append(append([]string{"run", "--rm"}, args...), cubetest.ImageRef, id, "true")
-				from := d.LogSize()
-				start := time.Now()
-				out, rc, err := d.CtrQuiet(nil, cargs...)
-				took := time.Since(start)
-				if err != nil || rc != 0 {
-					d.Forget(id)
-					return d.CtrFailure(cargs, out, rc, err, from)
+				start, took, from, err := runTrue(id, args)
+				if err != nil {
+					return err
 				}
 				times = append(times, took)
 				if strings.HasPrefix(name, "cube") {

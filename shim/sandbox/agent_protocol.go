@@ -304,7 +304,7 @@ func (a *protocolAgent) AttachStream(ctx context.Context, conn net.Conn, cid, ei
 }
 
 func (a *protocolAgent) openStream(ctx context.Context, h protocol.StreamHeader) (net.Conn, error) {
-	conn, err := a.vmm.DialVsock(ctx, protocol.StreamPort)
+	conn, err := a.DialStream(ctx)
 	if err != nil {
 		return nil, err
 	}
