@@ -1,6 +1,7 @@
 package machine
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"sort"
@@ -76,6 +77,17 @@ func (l *memLayers) mapRegion(host uintptr, size, fileOff int64) ([]int64, error
 		return nil, err
 	}
 	bounds := []int64{0, size}
+	holes, err := fileHoles(l.files[0], fileOff, fileOff+size, minAnonHole)
+	if err != nil {
+		return nil, err
+	}
+	for _, h := range holes {
+		off := h[0] - fileOff
+		if err := mapAnon(host+uintptr(off), h[1]-h[0]); err != nil {
+			return nil, err
+		}
+		bounds = append(bounds, off, h[1]-fileOff)
+	}
 	first, last := fileOff/memory.PageSize, (fileOff+size)/memory.PageSize
 	for i := 1; i < len(l.files); i++ {
 		for _, r := range snapshot.Runs(l.bitmaps[i], last) {
@@ -99,6 +111,52 @@ func (l *memLayers) mapRegion(host uintptr, size, fileOff int64) ([]int64, error
 		}
 	}
 	return out, nil
+}
+
+// minAnonHole is the smallest hole of the base memory file that mapRegion
+// maps as anonymous memory instead: smaller ones stay file-backed, so a
+// fragmented file does not become thousands of mappings.
+const minAnonHole = 64 << 10
+
+// fileHoles lists the holes of f within [from, to) of at least min bytes,
+// page aligned, as [start, end) file offsets.
+func fileHoles(f *os.File, from, to, min int64) ([][2]int64, error) {
+	var out [][2]int64
+	fd := int(f.Fd())
+	for off := from; off < to; {
+		h, err := unix.Seek(fd, off, unix.SEEK_HOLE)
+		if err != nil {
+			return nil, fmt.Errorf("find holes in %s: %w", f.Name(), err)
+		}
+		if h >= to {
+			break
+		}
+		d, err := unix.Seek(fd, h, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) || d > to {
+			d = to // a hole to the end of the file or past the region
+		} else if err != nil {
+			return nil, fmt.Errorf("find data in %s: %w", f.Name(), err)
+		}
+		s, e := (h+memory.PageSize-1)/memory.PageSize*memory.PageSize, d/memory.PageSize*memory.PageSize
+		if e-s >= min {
+			out = append(out, [2]int64{s, e})
+		}
+		off = d
+	}
+	return out, nil
+}
+
+// mapAnon maps private anonymous memory over [addr, addr+n): a guest page
+// in a hole of the snapshot reads as the zero page and, written, becomes
+// a fresh anonymous page, where the file mapping would first fill a page
+// cache page with zeros and then copy it.
+func mapAnon(addr uintptr, n int64) error {
+	_, _, e := unix.Syscall6(unix.SYS_MMAP, addr, uintptr(n), unix.PROT_READ|unix.PROT_WRITE,
+		unix.MAP_PRIVATE|unix.MAP_FIXED|unix.MAP_NORESERVE|unix.MAP_ANONYMOUS, ^uintptr(0), 0)
+	if e != 0 {
+		return fmt.Errorf("map anonymous memory at %#x+%#x: %w", addr, n, e)
+	}
+	return nil
 }
 
 func mapFixed(addr uintptr, n int64, f *os.File, off int64) error {
@@ -217,11 +275,9 @@ func (m *Machine) mapLayers(ram []memory.Range, layers *memLayers) error {
 	m.steps.Mark("mmap")
 	var fileOff int64
 	for i, r := range m.mem.Regions() {
-		segs := []int64{0, int64(r.Size)}
-		if len(layers.files) > 1 {
-			if segs, err = layers.mapRegion(uintptr(r.HostAddr()), int64(r.Size), fileOff); err != nil {
-				return err
-			}
+		segs, err := layers.mapRegion(uintptr(r.HostAddr()), int64(r.Size), fileOff)
+		if err != nil {
+			return err
 		}
 		m.snap.segs = append(m.snap.segs, segs)
 		fileOff += int64(r.Size)

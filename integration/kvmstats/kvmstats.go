@@ -61,3 +61,78 @@ func Read(names []string, dirs ...string) map[string]int64 {
 	}
 	return c
 }
+
+const (
+	exitTrigger = "hist:keys=exit_reason:sort=hitcount:size=256"
+	msrTrigger  = "hist:keys=ecx:sort=hitcount:size=256"
+)
+
+// ExitReasons counts every KVM exit in the test host by its reason, and
+// the MSR accesses among them by MSR, from now until stop (hist triggers
+// on the kvm:kvm_exit and kvm:kvm_msr tracepoints, so all VMs count: run
+// one at a time). stop removes the triggers and returns the counts by SVM
+// exit code name (numbers for codes it does not name), and by "msr 0x…".
+func ExitReasons() (stop func() (map[string]int64, error), err error) {
+	dir := filepath.Join(debugfs, "tracing", "events", "kvm")
+	trigs := map[string]string{"kvm_exit": exitTrigger, "kvm_msr": msrTrigger}
+	for ev, t := range trigs {
+		if err := os.WriteFile(filepath.Join(dir, ev, "trigger"), []byte(t), 0o644); err != nil {
+			for ev, t := range trigs {
+				os.WriteFile(filepath.Join(dir, ev, "trigger"), []byte("!"+t), 0o644)
+			}
+			return nil, fmt.Errorf("count KVM exits by reason (%s): %w", ev, err)
+		}
+	}
+	return func() (map[string]int64, error) {
+		out := map[string]int64{}
+		var first error
+		for ev, t := range trigs {
+			b, err := os.ReadFile(filepath.Join(dir, ev, "hist"))
+			os.WriteFile(filepath.Join(dir, ev, "trigger"), []byte("!"+t), 0o644)
+			if err != nil && first == nil {
+				first = fmt.Errorf("read KVM %s histogram: %w", ev, err)
+			}
+			for k, v := range parseHist(string(b), ev == "kvm_msr") {
+				out[k] += v
+			}
+		}
+		return out, first
+	}, nil
+}
+
+// svmExits names the SVM exit codes a Linux guest causes most.
+var svmExits = map[int64]string{
+	0x60: "intr", 0x61: "nmi", 0x64: "vintr", 0x72: "cpuid", 0x74: "iret", 0x77: "pause",
+	0x78: "hlt", 0x79: "invlpg", 0x7b: "ioio", 0x7c: "msr", 0x7f: "shutdown", 0x81: "vmmcall",
+	0x8d: "xsetbv", 0x400: "npf", 0x401: "avic_ipi", 0x402: "avic_noaccel",
+}
+
+// parseHist reads a hist trigger's lines, "{ exit_reason: N } hitcount: M"
+// or, for msrs, "{ ecx: N } hitcount: M".
+func parseHist(s string, msrs bool) map[string]int64 {
+	out := map[string]int64{}
+	for _, line := range strings.Split(s, "\n") {
+		if !strings.HasPrefix(line, "{") {
+			continue
+		}
+		key, rest, ok := strings.Cut(strings.TrimPrefix(line, "{"), "}")
+		if !ok {
+			continue
+		}
+		_, code, _ := strings.Cut(key, ":")
+		_, hits, _ := strings.Cut(rest, "hitcount:")
+		c, err1 := strconv.ParseInt(strings.TrimSpace(code), 10, 64)
+		n, err2 := strconv.ParseInt(strings.TrimSpace(hits), 10, 64)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		name, ok := svmExits[c]
+		if msrs {
+			name = fmt.Sprintf("msr %#x", c)
+		} else if !ok {
+			name = fmt.Sprintf("%#x", c)
+		}
+		out[name] += n
+	}
+	return out
+}

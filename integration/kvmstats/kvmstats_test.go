@@ -19,3 +19,20 @@ func TestRead(t *testing.T) {
 		t.Fatalf("Read = %v, want exits 15, pf_taken 7 and nothing else", c)
 	}
 }
+
+// parseHist names SVM exit codes and keeps unnamed ones as numbers.
+func TestParseExitHist(t *testing.T) {
+	h := "# event histogram\n#\n{ exit_reason:       1024 } hitcount:       5123\n{ exit_reason:        124 } hitcount:         17\n{ exit_reason:          4 } hitcount:          2\n\nTotals:\n    Hits: 5142\n"
+	got := parseHist(h, false)
+	if got["npf"] != 5123 || got["msr"] != 17 || got["0x4"] != 2 || len(got) != 3 {
+		t.Fatalf("parseExitHist = %v", got)
+	}
+}
+
+// parseHist names MSR accesses by their number.
+func TestParseMSRHist(t *testing.T) {
+	got := parseHist("{ ecx:       2096 } hitcount:        900\n", true)
+	if got["msr 0x830"] != 900 || len(got) != 1 {
+		t.Fatalf("parseHist = %v", got)
+	}
+}

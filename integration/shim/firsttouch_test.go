@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -41,17 +42,28 @@ func BenchmarkFirstTouch(b *testing.B) {
 		runC   map[string]int64
 		execs  []time.Duration
 		execCs []map[string]int64
+		why    map[string]int64 // the test host's KVM exits during ctr run -d, by reason
 	}
 	var rows []row
 	variant := func(name string, args []string) {
 		id := "ft-" + name
 		before := kvmstats.VMDirs()
 		from := d.LogSize()
+		stopHist, histErr := kvmstats.ExitReasons()
+		if histErr != nil {
+			b.Logf("%s: no exit reasons: %v", name, histErr)
+		}
 		cpu0 := cpuTicks()
 		start := time.Now()
 		out, rc, err := d.CtrQuiet(nil, append(append(append([]string{"run", "-d"}, args...), cubetest.ImageRef, id), "sleep", "3600")...)
 		took := time.Since(start)
 		cpu := diffStats(cpuTicks(), cpu0)
+		var why map[string]int64
+		if histErr == nil {
+			if why, histErr = stopHist(); histErr != nil {
+				b.Logf("%s: no exit reasons: %v", name, histErr)
+			}
+		}
 		if err != nil || rc != 0 {
 			d.Forget(id)
 			b.Fatalf("%s: ctr run -d: rc %d %v\n%s", name, rc, err, out)
@@ -61,7 +73,7 @@ func BenchmarkFirstTouch(b *testing.B) {
 		// see what happened before the shim's Create began.
 		b.Logf("%s: ctr run -d started %s, took %v; its log:\n%s", name, start.UTC().Format(time.RFC3339Nano), took,
 			cubetest.LastLines(cubetest.GrepLines(d.LogFrom(from), "level=info"), 120))
-		r := row{name: name, run: took, cpu: cpu}
+		r := row{name: name, run: took, cpu: cpu, why: why}
 		dir := ""
 		if name != "runc" {
 			if dir, err = vmDebugDir(before); err != nil {
@@ -107,14 +119,14 @@ func BenchmarkFirstTouch(b *testing.B) {
 		variant("runc", cubetest.RuncRuntime.Args)
 	})
 	fmt.Printf("\nCPU time the test host spent during `ctr run -d` (ms; per process name, children it reaped included):\n\n")
-	names := []string{"containerd", "cube-snapshotte", "containerd-shim", "cube-vmm", "cube-vmm vcpus"}
+	names := []string{"containerd", "cube-snapshotte", "containerd-shim", "cube-vmm", "cube-vmm vcpus", "of which in KVM"}
 	fmt.Printf("| variant | wall | test host busy | %s | other |\n|---|---|---|%s---|\n", strings.Join(names, " | "), strings.Repeat("---|", len(names)))
 	for _, r := range rows {
 		fmt.Printf("| %s | %v | %d |", r.name, r.run.Round(time.Millisecond), r.cpu["busy"]*10)
 		other := r.cpu["busy"]
 		for _, n := range names {
 			fmt.Printf(" %d |", r.cpu[n]*10)
-			if n != "cube-vmm vcpus" { // part of cube-vmm's
+			if n != "cube-vmm vcpus" && n != "of which in KVM" { // part of cube-vmm's
 				other -= r.cpu[n]
 			}
 		}
@@ -131,6 +143,9 @@ func BenchmarkFirstTouch(b *testing.B) {
 		for i, e := range r.execs {
 			fmt.Printf("| %s | exec %d | %v | %s |\n", r.name, i+1, e.Round(time.Millisecond), counts(r.execCs[i]))
 		}
+		if len(r.why) > 0 {
+			fmt.Printf("%s: the test host's KVM exits during ctr run -d by reason: %s\n", r.name, byCount(r.why))
+		}
 		if len(r.execs) == 3 {
 			dpf := r.execCs[0]["pf_taken"] - r.execCs[2]["pf_taken"]
 			dt := r.execs[0] - r.execs[2]
@@ -141,6 +156,20 @@ func BenchmarkFirstTouch(b *testing.B) {
 			fmt.Printf("%s: exec 1 − exec 3 = %v for %d more nested page faults (%s each)\n", r.name, dt.Round(time.Millisecond), dpf, per)
 		}
 	}
+}
+
+// byCount lists counts as "name n, …", largest first.
+func byCount(m map[string]int64) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return m[keys[i]] > m[keys[j]] || m[keys[i]] == m[keys[j]] && keys[i] < keys[j] })
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %d", k, m[k])
+	}
+	return strings.Join(parts, ", ")
 }
 
 // cpuTicks is the CPU time (clock ticks: user, system and that of reaped
@@ -159,7 +188,9 @@ func cpuTicks() map[string]int64 {
 		}
 		m[st.Comm] += int64(st.UTime + st.STime + st.CUTime + st.CSTime)
 		if st.Comm == "cube-vmm" {
-			m["cube-vmm vcpus"] += vcpuTicks(e.Name())
+			all, kernel := vcpuTicks(e.Name())
+			m["cube-vmm vcpus"] += all
+			m["of which in KVM"] += kernel
 		}
 	}
 	if b, err := os.ReadFile("/proc/stat"); err == nil {
@@ -177,16 +208,17 @@ func cpuTicks() map[string]int64 {
 }
 
 // vcpuTicks is the CPU time of process pid's vCPU threads (named vcpuN):
-// the guest's, with the exits KVM handles in the kernel.
-func vcpuTicks(pid string) int64 {
-	var n int64
+// the guest's, with the exits KVM handles in the kernel; kernel is the
+// system time alone (exit handling: the guest's own time counts as user).
+func vcpuTicks(pid string) (n, kernel int64) {
 	tasks, _ := filepath.Glob(filepath.Join("/proc", pid, "task", "*", "stat"))
 	for _, t := range tasks {
 		if st, ok := cubetest.ReadStat(t); ok && strings.HasPrefix(st.Comm, "vcpu") {
 			n += int64(st.UTime + st.STime)
+			kernel += int64(st.STime)
 		}
 	}
-	return n
+	return n, kernel
 }
 
 // vmDebugDir is the debugfs directory of the one KVM VM that was not among
