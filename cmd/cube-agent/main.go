@@ -36,6 +36,9 @@ func main() {
 		log.SetLevel(logrus.DebugLevel)
 	}
 	isInit := os.Getpid() == 1
+	if err := initsys.SetProcessTimerSlack(initsys.AgentTimerSlack); err != nil {
+		log.WithError(err).Warn("timer slack not set: the agent's timers fire on their own")
+	}
 	if isInit {
 		// PID 1 gets no default signal actions: keep handlers installed (not
 		// SIG_IGN, which children would inherit) and drop the signals.

@@ -164,6 +164,12 @@ func runInit(status *os.File, entered int64, loUp bool) error {
 		// The agent dropped the process before starting it.
 		os.Exit(0)
 	}
+	// The agent's coarse timer slack (inherited by this helper) is not the
+	// container's: its process gets Linux's default back. Ordering: on
+	// this thread (locked), right before the exec, which keeps it.
+	if err := unix.Prctl(unix.PR_SET_TIMERSLACK, containerTimerSlack, 0, 0, 0); err != nil {
+		return fmt.Errorf("reset timer slack: %w", err)
+	}
 	err = unix.Exec(bin, p.Args, env)
 	return fmt.Errorf("exec %q: %w", bin, err)
 }
@@ -213,6 +219,10 @@ func setupConsole() error {
 	}
 	return unix.Close(consoleFd)
 }
+
+// containerTimerSlack is Linux's default timer slack (50 µs), which a
+// container's process starts with whatever the agent's (initsys.AgentTimerSlack).
+const containerTimerSlack = 50_000
 
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
