@@ -64,8 +64,11 @@ var (
 	subPathPath = regexp.MustCompile(`^/.*/pods/([^/]+)/volume-subpaths/([^/]+)/[^/]+/[^/]+$`)
 	termLogPath = regexp.MustCompile(`^/.*/pods/([^/]+)/containers/([^/]+)/([^/]+)$`)
 	// safeName: what may become a guest path component (Kubernetes names
-	// are DNS labels, uids hex and dashes).
-	safeName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$`)
+	// are DNS labels, uids hex and dashes): [A-Za-z0-9][A-Za-z0-9._-]{0,252}.
+	// A function, not a regexp: the bounded repeat compiled to a program
+	// of 253 copies at every shim start (0.85 ms natively, a third of the
+	// shim's package initialisation).
+	safeName = safeNameChecker{}
 )
 
 // Parse classifies a host path by its shape. A path that is not clean, or
@@ -116,4 +119,21 @@ func (v Path) Describe() string {
 // plugin and name are unique), under /run/cube/volumes.
 func (v Path) GuestDir() string {
 	return path.Join("/run/cube/volumes", v.Plugin, v.Name)
+}
+
+// safeNameChecker matches [A-Za-z0-9][A-Za-z0-9._-]{0,252}, whole.
+type safeNameChecker struct{}
+
+func (safeNameChecker) MatchString(s string) bool {
+	if len(s) == 0 || len(s) > 253 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+		if !alnum && (i == 0 || c != '.' && c != '_' && c != '-') {
+			return false
+		}
+	}
+	return true
 }

@@ -1,6 +1,7 @@
 package volume
 
 import (
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -73,6 +74,31 @@ func FuzzParse(f *testing.F) {
 		}
 		if v.Kind == Copied && !strings.HasPrefix(v.GuestDir(), "/run/cube/volumes/"+v.Plugin+"/") {
 			t.Fatalf("GuestDir %q escapes", v.GuestDir())
+		}
+	})
+}
+
+// safeName accepts what the regexp [A-Za-z0-9][A-Za-z0-9._-]{0,252} would,
+// whole, and nothing else.
+func TestSafeNameIsTheRegexp(t *testing.T) {
+	re := regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$`)
+	cases := []string{"", "a", "-a", ".a", "_a", "a-b.c_d", "A9", "a/b", "a b", "é", "a\x00",
+		strings.Repeat("a", 253), strings.Repeat("a", 254), "0" + strings.Repeat("-", 252), "0" + strings.Repeat("-", 253),
+		"3f2c1a9e-2b4d-4c7e-9a51-0d6b8e2f4a17", "kubernetes.io~empty-dir"}
+	for _, c := range cases {
+		if got, want := safeName.MatchString(c), re.MatchString(c); got != want {
+			t.Errorf("safeName(%q) = %v, the regexp says %v", c, got, want)
+		}
+	}
+}
+
+func FuzzSafeName(f *testing.F) {
+	re := regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$`)
+	f.Add("a-b")
+	f.Add("-")
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := safeName.MatchString(s), re.MatchString(s); got != want {
+			t.Fatalf("safeName(%q) = %v, the regexp says %v", s, got, want)
 		}
 	})
 }
