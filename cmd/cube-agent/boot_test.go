@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/containerd/ttrpc"
+	"github.com/cube-runtime/cube/guest-agent/initsys"
 	"github.com/cube-runtime/cube/guest-agent/protocol"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -155,14 +156,24 @@ func bootAsPID1(t *testing.T, noSwitch bool) {
 	if c := console(); !strings.Contains(c, "loopback up") {
 		t.Errorf("console does not log lo brought up:\n%s", c)
 	}
+	// Every thread of the agent has its coarse timer slack (set once /proc is mounted).
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", cmd.Process.Pid))
+	must(err)
+	for _, task := range tasks {
+		b, err := os.ReadFile(filepath.Join("/proc", filepath.Base(task), "timerslack_ns"))
+		if err != nil || strings.TrimSpace(string(b)) != fmt.Sprint(initsys.AgentTimerSlack) {
+			t.Errorf("agent thread %s: timer slack %q (%v), want %d", filepath.Base(task), b, err, initsys.AgentTimerSlack)
+		}
+	}
 	if _, err := os.Stat(filepath.Join(root, "init")); os.IsNotExist(err) == noSwitch {
 		t.Errorf("initramfs content moved: %v, want moved: %v", os.IsNotExist(err), !noSwitch)
 	}
 
 	spec := specs.Spec{
-		Process:  &specs.Process{Args: []string{"sh", "-c", "hostname; cat /sys/class/net/lo/operstate; exit 4"}, Cwd: "/", Env: []string{"PATH=/bin"}},
+		Process:  &specs.Process{Args: []string{"sh", "-c", "hostname; cat /sys/class/net/lo/operstate /proc/self/timerslack_ns; exit 4"}, Cwd: "/", Env: []string{"PATH=/bin"}},
 		Hostname: "in-guest",
-		// sysfs mounted in the container's own network namespace shows that namespace's lo.
+		// sysfs mounted in the container's own network namespace shows that
+	// namespace's lo; the process has Linux's default timer slack, not the agent's.
 		Mounts: []specs.Mount{{Destination: "/proc", Type: "proc", Source: "proc"}, {Destination: "/sys", Type: "sysfs", Source: "sysfs"}},
 		Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.MountNamespace}, {Type: specs.PIDNamespace}, {Type: specs.UTSNamespace},
 			{Type: specs.NetworkNamespace}}},
@@ -180,7 +191,7 @@ func bootAsPID1(t *testing.T, noSwitch bool) {
 	}
 	out, _ := io.ReadAll(sc)
 	w, err := client.Wait(ctx, &protocol.WaitRequest{ContainerId: "c"})
-	if err != nil || w.ExitStatus != 4 || string(out) != "in-guest\nunknown\n" {
+	if err != nil || w.ExitStatus != 4 || string(out) != "in-guest\nunknown\n50000\n" {
 		t.Fatalf("container: out %q, wait %v %v", out, w, err)
 	}
 	if _, err := client.Delete(ctx, &protocol.DeleteRequest{ContainerId: "c"}); err != nil {

@@ -36,9 +36,6 @@ func main() {
 		log.SetLevel(logrus.DebugLevel)
 	}
 	isInit := os.Getpid() == 1
-	if err := initsys.SetProcessTimerSlack(initsys.AgentTimerSlack); err != nil {
-		log.WithError(err).Warn("timer slack not set: the agent's timers fire on their own")
-	}
 	if isInit {
 		// PID 1 gets no default signal actions: keep handlers installed (not
 		// SIG_IGN, which children would inherit) and drop the signals.
@@ -61,6 +58,11 @@ func main() {
 		if err := initsys.LoopbackUp(log); err != nil {
 			fatal(log, isInit, err)
 		}
+	}
+	// Ordering: after Boot mounted /proc, where every thread's slack is
+	// set (before that only this thread's could be).
+	if err := initsys.SetProcessTimerSlack(initsys.AgentTimerSlack); err != nil {
+		log.WithError(err).Warn("timer slack not set: the agent's timers fire on their own")
 	}
 
 	reaper, err := initsys.NewReaper(log)

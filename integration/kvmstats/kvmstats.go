@@ -65,6 +65,10 @@ func Read(names []string, dirs ...string) map[string]int64 {
 const (
 	exitTrigger = "hist:keys=exit_reason:sort=hitcount:size=256"
 	msrTrigger  = "hist:keys=ecx:sort=hitcount:size=256"
+	// npfTrigger splits nested page faults into guest RAM (below 4 GiB:
+	// the first bucket holds RAM up to 3 GiB) and device MMIO (virtio
+	// notifications through ioeventfd count as page faults too).
+	npfTrigger = "hist:keys=fault_address.buckets=0xc0000000:sort=hitcount:size=64"
 )
 
 // ExitReasons counts every KVM exit in the test host by its reason, and
@@ -74,7 +78,7 @@ const (
 // exit code name (numbers for codes it does not name), and by "msr 0x…".
 func ExitReasons() (stop func() (map[string]int64, error), err error) {
 	dir := filepath.Join(debugfs, "tracing", "events", "kvm")
-	trigs := map[string]string{"kvm_exit": exitTrigger, "kvm_msr": msrTrigger}
+	trigs := map[string]string{"kvm_exit": exitTrigger, "kvm_msr": msrTrigger, "kvm_page_fault": npfTrigger}
 	for ev, t := range trigs {
 		if err := os.WriteFile(filepath.Join(dir, ev, "trigger"), []byte(t), 0o644); err != nil {
 			for ev, t := range trigs {
@@ -92,7 +96,7 @@ func ExitReasons() (stop func() (map[string]int64, error), err error) {
 			if err != nil && first == nil {
 				first = fmt.Errorf("read KVM %s histogram: %w", ev, err)
 			}
-			for k, v := range parseHist(string(b), ev == "kvm_msr") {
+			for k, v := range parseHist(string(b), ev) {
 				out[k] += v
 			}
 		}
@@ -107,9 +111,10 @@ var svmExits = map[int64]string{
 	0x8d: "xsetbv", 0x400: "npf", 0x401: "avic_ipi", 0x402: "avic_noaccel",
 }
 
-// parseHist reads a hist trigger's lines, "{ exit_reason: N } hitcount: M"
-// or, for msrs, "{ ecx: N } hitcount: M".
-func parseHist(s string, msrs bool) map[string]int64 {
+// parseHist reads a hist trigger's lines of event ev: "{ exit_reason: N }
+// hitcount: M", for kvm_msr "{ ecx: N } …", for kvm_page_fault
+// "{ fault_address: ~ 0xc0000000-0x180000000 } …".
+func parseHist(s, ev string) map[string]int64 {
 	out := map[string]int64{}
 	for _, line := range strings.Split(s, "\n") {
 		if !strings.HasPrefix(line, "{") {
@@ -121,13 +126,25 @@ func parseHist(s string, msrs bool) map[string]int64 {
 		}
 		_, code, _ := strings.Cut(key, ":")
 		_, hits, _ := strings.Cut(rest, "hitcount:")
-		c, err1 := strconv.ParseInt(strings.TrimSpace(code), 10, 64)
-		n, err2 := strconv.ParseInt(strings.TrimSpace(hits), 10, 64)
-		if err1 != nil || err2 != nil {
+		n, err := strconv.ParseInt(strings.TrimSpace(hits), 10, 64)
+		if err != nil {
+			continue
+		}
+		if ev == "kvm_page_fault" {
+			lo, _, _ := strings.Cut(strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(code), "~")), "-")
+			if lo == "0x0" || lo == "0" {
+				out["npf ram"] += n
+			} else {
+				out["npf mmio"] += n
+			}
+			continue
+		}
+		c, err := strconv.ParseInt(strings.TrimSpace(code), 10, 64)
+		if err != nil {
 			continue
 		}
 		name, ok := svmExits[c]
-		if msrs {
+		if ev == "kvm_msr" {
 			name = fmt.Sprintf("msr %#x", c)
 		} else if !ok {
 			name = fmt.Sprintf("%#x", c)

@@ -23,7 +23,7 @@ func TestRead(t *testing.T) {
 // parseHist names SVM exit codes and keeps unnamed ones as numbers.
 func TestParseExitHist(t *testing.T) {
 	h := "# event histogram\n#\n{ exit_reason:       1024 } hitcount:       5123\n{ exit_reason:        124 } hitcount:         17\n{ exit_reason:          4 } hitcount:          2\n\nTotals:\n    Hits: 5142\n"
-	got := parseHist(h, false)
+	got := parseHist(h, "kvm_exit")
 	if got["npf"] != 5123 || got["msr"] != 17 || got["0x4"] != 2 || len(got) != 3 {
 		t.Fatalf("parseExitHist = %v", got)
 	}
@@ -31,8 +31,17 @@ func TestParseExitHist(t *testing.T) {
 
 // parseHist names MSR accesses by their number.
 func TestParseMSRHist(t *testing.T) {
-	got := parseHist("{ ecx:       2096 } hitcount:        900\n", true)
+	got := parseHist("{ ecx:       2096 } hitcount:        900\n", "kvm_msr")
 	if got["msr 0x830"] != 900 || len(got) != 1 {
+		t.Fatalf("parseHist = %v", got)
+	}
+}
+
+// parseHist splits page faults into guest RAM and device MMIO.
+func TestParseNPFHist(t *testing.T) {
+	h := "{ fault_address: ~ 0x0-0xc0000000 } hitcount:       5000\n{ fault_address: ~ 0xfc0000000-0x1080000000 } hitcount:        120\n"
+	got := parseHist(h, "kvm_page_fault")
+	if got["npf ram"] != 5000 || got["npf mmio"] != 120 || len(got) != 2 {
 		t.Fatalf("parseHist = %v", got)
 	}
 }
