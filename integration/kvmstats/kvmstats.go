@@ -65,10 +65,11 @@ func Read(names []string, dirs ...string) map[string]int64 {
 const (
 	exitTrigger = "hist:keys=exit_reason:sort=hitcount:size=256"
 	msrTrigger  = "hist:keys=ecx:sort=hitcount:size=256"
-	// npfTrigger splits nested page faults into guest RAM (below 4 GiB:
-	// the first bucket holds RAM up to 3 GiB) and device MMIO (virtio
-	// notifications through ioeventfd count as page faults too).
-	npfTrigger = "hist:keys=fault_address.buckets=0xc0000000:sort=hitcount:size=64"
+	// npfTrigger counts nested page faults by the power of two of their
+	// guest address: below 1 GiB is the RAM of a guest that small, above
+	// it the device MMIO (virtio notifications through ioeventfd count as
+	// page faults too).
+	npfTrigger = "hist:keys=fault_address.log2:sort=hitcount:size=128"
 )
 
 // ExitReasons counts every KVM exit in the test host by its reason, and
@@ -113,7 +114,7 @@ var svmExits = map[int64]string{
 
 // parseHist reads a hist trigger's lines of event ev: "{ exit_reason: N }
 // hitcount: M", for kvm_msr "{ ecx: N } …", for kvm_page_fault
-// "{ fault_address: ~ 0xc0000000-0x180000000 } …".
+// "{ fault_address: ~ 2^N } …" (counted as "npf < 1 GiB" or "npf ≥ 1 GiB").
 func parseHist(s, ev string) map[string]int64 {
 	out := map[string]int64{}
 	for _, line := range strings.Split(s, "\n") {
@@ -131,11 +132,11 @@ func parseHist(s, ev string) map[string]int64 {
 			continue
 		}
 		if ev == "kvm_page_fault" {
-			lo, _, _ := strings.Cut(strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(code), "~")), "-")
-			if lo == "0x0" || lo == "0" {
-				out["npf ram"] += n
+			_, exp, _ := strings.Cut(code, "^")
+			if e, err := strconv.Atoi(strings.TrimSpace(exp)); err == nil && e <= 30 {
+				out["npf < 1 GiB"] += n
 			} else {
-				out["npf mmio"] += n
+				out["npf ≥ 1 GiB"] += n
 			}
 			continue
 		}
