@@ -125,6 +125,8 @@ type Sandbox struct {
 
 	// templateNICs are the NIC MACs of the automatic template chooseTemplate picked.
 	templateNICs []string
+	// presync: a guest sync started ahead of Stop (presync.go).
+	presync *presync
 }
 
 // RestoreFrom is a checkpoint StartRestore brings back instead of booting:
@@ -313,6 +315,8 @@ func (s *Sandbox) mountRootfs(ctx context.Context, agent AgentClient, containerI
 // already owns slot 0.
 func (s *Sandbox) AttachRootfs(ctx context.Context, containerID, image string) (string, error) {
 	s.mu.Lock()
+	// Ordering: before the container can write, a pre-sync is void.
+	s.dropPreSyncLocked()
 	agent := s.agent
 	idx := -1
 	for i := range s.slots {
@@ -487,11 +491,7 @@ func (s *Sandbox) Stop(ctx context.Context) error {
 	s.mu.Unlock()
 	steps := NewSteps(time.Now())
 	if agent != nil && st == StateRunning {
-		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		// The reply may never come: the guest powers off underneath it.
-		_ = agent.SyncFilesystems(pctx)
-		cancel()
-		steps.Mark("sync")
+		steps.Mark(s.syncBeforeStop(ctx, agent))
 	}
 	if err := s.o.VMM.Stop(ctx); err != nil {
 		s.o.Log.WithError(err).Warn("stop vmm")
