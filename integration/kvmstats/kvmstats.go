@@ -81,9 +81,9 @@ func ExitReasons() (stop func() (map[string]int64, error), err error) {
 	dir := filepath.Join(debugfs, "tracing", "events", "kvm")
 	trigs := map[string]string{"kvm_exit": exitTrigger, "kvm_msr": msrTrigger, "kvm_page_fault": npfTrigger}
 	for ev, t := range trigs {
-		if err := os.WriteFile(filepath.Join(dir, ev, "trigger"), []byte(t), 0o644); err != nil {
+		if err := writeTrigger(filepath.Join(dir, ev, "trigger"), t); err != nil {
 			for ev, t := range trigs {
-				os.WriteFile(filepath.Join(dir, ev, "trigger"), []byte("!"+t), 0o644)
+				writeTrigger(filepath.Join(dir, ev, "trigger"), "!"+t)
 			}
 			return nil, fmt.Errorf("count KVM exits by reason (%s): %w", ev, err)
 		}
@@ -93,7 +93,7 @@ func ExitReasons() (stop func() (map[string]int64, error), err error) {
 		var first error
 		for ev, t := range trigs {
 			b, err := os.ReadFile(filepath.Join(dir, ev, "hist"))
-			os.WriteFile(filepath.Join(dir, ev, "trigger"), []byte("!"+t), 0o644)
+			writeTrigger(filepath.Join(dir, ev, "trigger"), "!"+t)
 			if err != nil && first == nil {
 				first = fmt.Errorf("read KVM %s histogram: %w", ev, err)
 			}
@@ -153,4 +153,86 @@ func parseHist(s, ev string) map[string]int64 {
 		out[name] += n
 	}
 	return out
+}
+
+// RIPs samples where the guest was when it exited, by exit reason: intr
+// exits (the host's interrupts: a sample of where guest time goes) and
+// npf exits (where it first touches memory). From now until stop, for
+// every VM of the test host; stop returns guest RIP → count for each.
+func RIPs() (stop func() (intr, npf map[uint64]int64, err error), err error) {
+	trig := filepath.Join(debugfs, "tracing", "events", "kvm", "kvm_exit", "trigger")
+	hist := filepath.Join(debugfs, "tracing", "events", "kvm", "kvm_exit", "hist")
+	t := map[string]string{
+		"intr": "hist:keys=guest_rip.hex:sort=hitcount:size=8192 if exit_reason == 96",
+		"npf":  "hist:keys=guest_rip.hex:sort=hitcount:size=16384 if exit_reason == 1024",
+	}
+	for _, v := range t {
+		if err := writeTrigger(trig, v); err != nil {
+			for _, v := range t {
+				writeTrigger(trig, "!"+v)
+			}
+			return nil, fmt.Errorf("sample guest RIPs: %w", err)
+		}
+	}
+	return func() (map[uint64]int64, map[uint64]int64, error) {
+		b, err := os.ReadFile(hist)
+		for _, v := range t {
+			writeTrigger(trig, "!"+v)
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("read guest RIP histograms: %w", err)
+		}
+		intr, npf, err := parseRIPHists(string(b))
+		if err == nil && len(intr) == 0 && len(npf) == 0 {
+			head := string(b)
+			if len(head) > 3000 {
+				head = head[:3000]
+			}
+			err = fmt.Errorf("no guest RIPs in the histograms:\n%s", head)
+		}
+		return intr, npf, err
+	}, nil
+}
+
+// parseRIPHists reads the hist file of two triggers, each section opening
+// with its "# trigger info: … if exit_reason == N" line.
+func parseRIPHists(s string) (intr, npf map[uint64]int64, err error) {
+	intr, npf = map[uint64]int64{}, map[uint64]int64{}
+	var cur map[uint64]int64
+	for _, line := range strings.Split(s, "\n") {
+		switch {
+		case strings.HasPrefix(line, "# trigger info:"):
+			cur = nil
+			if strings.Contains(line, "exit_reason == 96") {
+				cur = intr
+			} else if strings.Contains(line, "exit_reason == 1024") {
+				cur = npf
+			}
+		case strings.HasPrefix(line, "{") && cur != nil:
+			key, rest, _ := strings.Cut(strings.TrimPrefix(line, "{"), "}")
+			_, v, _ := strings.Cut(key, ":")
+			_, hits, _ := strings.Cut(rest, "hitcount:")
+			rip, err1 := strconv.ParseUint(strings.TrimPrefix(strings.TrimSpace(v), "0x"), 16, 64)
+			n, err2 := strconv.ParseInt(strings.TrimSpace(hits), 10, 64)
+			if err1 == nil && err2 == nil {
+				cur[rip] += n
+			}
+		}
+	}
+	return intr, npf, nil
+}
+
+// writeTrigger adds (or, "!…", removes) one trigger of an event. Not
+// os.WriteFile: opening a trigger file with O_TRUNC removes every hist
+// trigger of the event, other callers' included.
+func writeTrigger(path, trigger string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(trigger)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }

@@ -45,3 +45,29 @@ func TestParseNPFHist(t *testing.T) {
 		t.Fatalf("parseHist = %v", got)
 	}
 }
+
+// parseRIPHists files each sample under the trigger whose section it is in.
+func TestParseRIPHists(t *testing.T) {
+	h := `# event histogram
+#
+# trigger info: hist:keys=guest_rip.hex:vals=hitcount:sort=hitcount:size=8192 if exit_reason == 96 [active]
+#
+
+{ guest_rip: ffffffff81c3a1b2 } hitcount:         12
+{ guest_rip:           4a7b10 } hitcount:          3
+
+Totals:
+    Hits: 15
+
+# event histogram
+#
+# trigger info: hist:keys=guest_rip.hex:vals=hitcount:sort=hitcount:size=16384 if exit_reason == 1024 [active]
+#
+
+{ guest_rip: ffffffff81234567 } hitcount:        700
+`
+	intr, npf, err := parseRIPHists(h)
+	if err != nil || intr[0xffffffff81c3a1b2] != 12 || intr[0x4a7b10] != 3 || len(intr) != 2 || npf[0xffffffff81234567] != 700 || len(npf) != 1 {
+		t.Fatalf("parseRIPHists = %v, %v, %v", intr, npf, err)
+	}
+}

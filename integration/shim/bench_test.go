@@ -154,7 +154,11 @@ func runTable(medians map[string]time.Duration, lost map[string]int) string {
 // makes the template if no earlier run did (docs/shim.md, "Templates"). A
 // probe sandbox that is lost is run again (loss).
 func (d *daemons) templateRuntime(b *testing.B, loss *benchloss.Counter) []string {
-	args := cubetest.CubeRuntime.Args
+	return d.templateRuntimeWith(b, loss, cubetest.CubeRuntime.Args)
+}
+
+// templateRuntimeWith is templateRuntime for the runtime flags args.
+func (d *daemons) templateRuntimeWith(b *testing.B, loss *benchloss.Counter, args []string) []string {
 	loss.Stop(b, loss.Sample("template probe run", func() error {
 		cargs := append(append([]string{"run", "--rm"}, args...), cubetest.ImageRef, "probe", "true")
 		from := d.LogSize()

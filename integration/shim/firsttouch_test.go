@@ -49,6 +49,13 @@ func BenchmarkFirstTouch(b *testing.B) {
 		id := "ft-" + name
 		before := kvmstats.VMDirs()
 		from := d.LogSize()
+		var stopRIPs func() (map[uint64]int64, map[uint64]int64, error)
+		if profile && name == "template" {
+			var err error
+			if stopRIPs, err = kvmstats.RIPs(); err != nil {
+				b.Fatal(err)
+			}
+		}
 		stopHist, histErr := kvmstats.ExitReasons()
 		if histErr != nil {
 			b.Logf("%s: no exit reasons: %v", name, histErr)
@@ -58,6 +65,14 @@ func BenchmarkFirstTouch(b *testing.B) {
 		out, rc, err := d.CtrQuiet(nil, append(append(append([]string{"run", "-d"}, args...), cubetest.ImageRef, id), "sleep", "3600")...)
 		took := time.Since(start)
 		cpu := diffStats(cpuTicks(), cpu0)
+		if stopRIPs != nil {
+			intr, npf, err := stopRIPs()
+			if err != nil {
+				b.Fatal(err)
+			}
+			printRIPs("host interrupts (where guest time goes)", intr)
+			printRIPs("nested page faults (where the guest first touches memory)", npf)
+		}
 		var why map[string]int64
 		if histErr == nil {
 			if why, histErr = stopHist(); histErr != nil {
@@ -107,7 +122,11 @@ func BenchmarkFirstTouch(b *testing.B) {
 	b.Run("template", func(b *testing.B) {
 		// The probe run makes the template (untimed), so the measured
 		// sandbox is a restore.
-		variant("template", d.templateRuntime(b, benchloss.New(b)))
+		args := cubetest.CubeRuntime.Args
+		if profile {
+			args = d.noKASLRRuntime(b)
+		}
+		variant("template", d.templateRuntimeWith(b, benchloss.New(b), args))
 	})
 	b.Run("runc", func(b *testing.B) {
 		// Untimed: the overlayfs snapshotter unpacks the image on runc's first run.
@@ -175,6 +194,48 @@ func vcpuWait(pid string) int64 {
 		}
 	}
 	return ns / 1e7
+}
+
+// guestProfileEnv, set, makes BenchmarkFirstTouch's template variant boot
+// its guests with nokaslr and print the guest RIPs of its exits during
+// ctr run -d (raw addresses: symbolize them with the guest kernel's
+// System.map, the agent's with go tool addr2line).
+const guestProfileEnv = "CUBE_GUEST_PROFILE"
+
+var profile = os.Getenv(guestProfileEnv) != ""
+
+// noKASLRRuntime is the default configuration with nokaslr on the guest's
+// command line (a template of its own).
+func (d *daemons) noKASLRRuntime(b *testing.B) []string {
+	conf := filepath.Join(d.Dir, "shim-nokaslr.toml")
+	body := strings.Replace(fmt.Sprintf(cubetest.ShimConfig, cubetest.CubeVMM, cubetest.GuestKernel, cubetest.GuestInitrd, d.Dir),
+		`cmdline = "console=ttyS0 panic=-1 quiet"`, `cmdline = "console=ttyS0 panic=-1 quiet nokaslr"`, 1)
+	if !strings.Contains(body, "nokaslr") {
+		b.Fatal("the shim config has no cmdline line to add nokaslr to")
+	}
+	if err := os.WriteFile(conf, []byte(body), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	return append([]string{"--runtime-config-path", conf}, cubetest.CubeRuntime.Args...)
+}
+
+// printRIPs prints a sample's guest RIPs, most frequent first.
+func printRIPs(what string, m map[uint64]int64) {
+	type kv struct {
+		rip uint64
+		n   int64
+	}
+	var all []kv
+	var total int64
+	for k, v := range m {
+		all = append(all, kv{k, v})
+		total += v
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].n > all[j].n })
+	fmt.Printf("\nguest RIPs of %s: %d samples\n", what, total)
+	for _, e := range all {
+		fmt.Printf("rip %#x %d\n", e.rip, e.n)
+	}
 }
 
 // byCount lists counts as "name n, …", largest first.

@@ -18,6 +18,9 @@ func TestMain(m *testing.M) {
 	if v := os.Getenv("CUBE_E2E_VMM_KILL"); v != "" {
 		s.Env = append(s.Env, "CUBE_E2E_VMM_KILL="+v) // =running: TestCtrVMMKilled kills a running VMM
 	}
+	if v := os.Getenv(guestProfileEnv); v != "" {
+		s.Env = append(s.Env, guestProfileEnv+"="+v) // BenchmarkFirstTouch samples guest RIPs
+	}
 	cubetest.Main(m, s)
 }
 
