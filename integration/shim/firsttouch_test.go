@@ -70,8 +70,9 @@ func BenchmarkFirstTouch(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			printRIPs("host interrupts (where guest time goes)", intr)
-			printRIPs("nested page faults (where the guest first touches memory)", npf)
+			syms := d.guestKallsyms(b, args)
+			printRIPs("host interrupts (where guest time goes)", intr, syms)
+			printRIPs("nested page faults (where the guest first touches memory)", npf, syms)
 		}
 		var why map[string]int64
 		if histErr == nil {
@@ -219,22 +220,86 @@ func (d *daemons) noKASLRRuntime(b *testing.B) []string {
 	return append([]string{"--runtime-config-path", conf}, cubetest.CubeRuntime.Args...)
 }
 
-// printRIPs prints a sample's guest RIPs, most frequent first.
-func printRIPs(what string, m map[uint64]int64) {
-	type kv struct {
-		rip uint64
-		n   int64
+// guestKallsyms reads the guest kernel's text symbols from a CAP_SYSLOG
+// container of another sandbox of the same (nokaslr) template: the same
+// addresses as the profiled guest's.
+func (d *daemons) guestKallsyms(b *testing.B, args []string) kallsyms {
+	cargs := append(append(append([]string{"run", "--rm", "--cap-add", "CAP_SYSLOG"}, args...), cubetest.ImageRef, "ft-kallsyms"), "cat", "/proc/kallsyms")
+	out, rc, err := d.CtrQuiet(nil, cargs...)
+	if err != nil || rc != 0 {
+		d.Forget("ft-kallsyms")
+		b.Fatalf("read the guest's kallsyms: rc %d %v\n%s", rc, err, cubetest.LastLines(out, 20))
 	}
-	var all []kv
+	var k kallsyms
+	for _, l := range strings.Split(out, "\n") {
+		f := strings.Fields(l)
+		if len(f) < 3 || (f[1] != "t" && f[1] != "T") {
+			continue
+		}
+		a, err := strconv.ParseUint(f[0], 16, 64)
+		if err == nil && a != 0 {
+			k = append(k, ksym{a, f[2]})
+		}
+	}
+	if len(k) == 0 {
+		b.Fatalf("no text symbols with addresses in the guest's /proc/kallsyms:\n%s", cubetest.LastLines(out, 5))
+	}
+	sort.Slice(k, func(i, j int) bool { return k[i].addr < k[j].addr })
+	return k
+}
+
+type ksym struct {
+	addr uint64
+	name string
+}
+
+// kallsyms are text symbols by address.
+type kallsyms []ksym
+
+// name is the kernel function holding rip, "user" below the kernel.
+func (k kallsyms) name(rip uint64) string {
+	if rip < 0xffff800000000000 {
+		return "user"
+	}
+	i := sort.Search(len(k), func(i int) bool { return k[i].addr > rip })
+	if i == 0 {
+		return "?"
+	}
+	return k[i-1].name
+}
+
+// printRIPs prints a sample's guest RIPs by kernel function (the 40 most
+// frequent), then the user-space ones (the 20 most frequent, raw).
+func printRIPs(what string, m map[uint64]int64, syms kallsyms) {
+	byFn := map[string]int64{}
+	user := map[string]int64{}
 	var total int64
-	for k, v := range m {
-		all = append(all, kv{k, v})
-		total += v
+	for rip, n := range m {
+		fn := syms.name(rip)
+		byFn[fn] += n
+		if fn == "user" {
+			user[fmt.Sprintf("%#x", rip)] += n
+		}
+		total += n
 	}
-	sort.Slice(all, func(i, j int) bool { return all[i].n > all[j].n })
 	fmt.Printf("\nguest RIPs of %s: %d samples\n", what, total)
-	for _, e := range all {
-		fmt.Printf("rip %#x %d\n", e.rip, e.n)
+	printTop(byFn, total, 40)
+	fmt.Printf("user-space RIPs:\n")
+	printTop(user, total, 20)
+}
+
+// printTop prints the n largest counts of m with their share of total.
+func printTop(m map[string]int64, total int64, n int) {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return m[keys[i]] > m[keys[j]] || m[keys[i]] == m[keys[j]] && keys[i] < keys[j] })
+	for i, k := range keys {
+		if i == n {
+			break
+		}
+		fmt.Printf("%6d %5.1f%% %s\n", m[k], 100*float64(m[k])/float64(total), k)
 	}
 }
 
