@@ -173,7 +173,7 @@ func bootAsPID1(t *testing.T, noSwitch bool) {
 		Process:  &specs.Process{Args: []string{"sh", "-c", "hostname; cat /sys/class/net/lo/operstate /proc/self/timerslack_ns; exit 4"}, Cwd: "/", Env: []string{"PATH=/bin"}},
 		Hostname: "in-guest",
 		// sysfs mounted in the container's own network namespace shows that
-	// namespace's lo; the process has Linux's default timer slack, not the agent's.
+		// namespace's lo; the process has Linux's default timer slack, not the agent's.
 		Mounts: []specs.Mount{{Destination: "/proc", Type: "proc", Source: "proc"}, {Destination: "/sys", Type: "sysfs", Source: "sysfs"}},
 		Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.MountNamespace}, {Type: specs.PIDNamespace}, {Type: specs.UTSNamespace},
 			{Type: specs.NetworkNamespace}}},

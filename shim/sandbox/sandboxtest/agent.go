@@ -55,8 +55,8 @@ type Agent struct {
 	// SyncErrs are the answers of the next SyncFilesystems calls, in
 	// order (nil once used up).
 	SyncErrs []error
-	trees   map[string]sandbox.Tree
-	volumes []sandbox.VolumeRequest
+	trees    map[string]sandbox.Tree
+	volumes  []sandbox.VolumeRequest
 }
 
 type fakeFile struct {
