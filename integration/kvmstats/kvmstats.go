@@ -78,32 +78,61 @@ const (
 // one at a time). stop removes the triggers and returns the counts by SVM
 // exit code name (numbers for codes it does not name), and by "msr 0x…".
 func ExitReasons() (stop func() (map[string]int64, error), err error) {
-	dir := filepath.Join(debugfs, "tracing", "events", "kvm")
-	trigs := map[string]string{"kvm_exit": exitTrigger, "kvm_msr": msrTrigger, "kvm_page_fault": npfTrigger}
-	for ev, t := range trigs {
-		if err := writeTrigger(filepath.Join(dir, ev, "trigger"), t); err != nil {
-			for ev, t := range trigs {
-				writeTrigger(filepath.Join(dir, ev, "trigger"), "!"+t)
-			}
-			return nil, fmt.Errorf("count KVM exits by reason (%s): %w", ev, err)
-		}
+	evs := []trigger{{"kvm_exit", exitTrigger}, {"kvm_msr", msrTrigger}, {"kvm_page_fault", npfTrigger}}
+	if err := addTriggers(evs); err != nil {
+		return nil, fmt.Errorf("count KVM exits by reason: %w", err)
 	}
 	return func() (map[string]int64, error) {
 		out := map[string]int64{}
-		var first error
-		for ev, t := range trigs {
-			b, err := os.ReadFile(filepath.Join(dir, ev, "hist"))
-			writeTrigger(filepath.Join(dir, ev, "trigger"), "!"+t)
-			if err != nil && first == nil {
-				first = fmt.Errorf("read KVM %s histogram: %w", ev, err)
-			}
-			for k, v := range parseHist(string(b), ev) {
+		hists, err := removeTriggers(evs)
+		for i, h := range hists {
+			for k, v := range parseHist(h, evs[i].event) {
 				out[k] += v
 			}
 		}
-		return out, first
+		return out, err
 	}, nil
 }
+
+// trigger is a hist trigger on one kvm tracepoint.
+type trigger struct{ event, spec string }
+
+func triggerFile(ev, name string) string {
+	return filepath.Join(debugfs, "tracing", "events", "kvm", ev, name)
+}
+
+// addTriggers adds every trigger, or none (those added are removed again).
+func addTriggers(ts []trigger) error {
+	for i, t := range ts {
+		if err := writeTrigger(triggerFile(t.event, "trigger"), t.spec); err != nil {
+			removeTriggers(ts[:i])
+			return fmt.Errorf("%s: %w", t.event, err)
+		}
+	}
+	return nil
+}
+
+// removeTriggers reads each trigger's event histogram (an event's file
+// holds all of its triggers' sections) and removes the triggers; the
+// first error is returned with what could be read.
+func removeTriggers(ts []trigger) ([]string, error) {
+	hists := make([]string, len(ts))
+	var first error
+	for i, t := range ts {
+		b, err := os.ReadFile(triggerFile(t.event, "hist"))
+		hists[i] = string(b)
+		if err != nil && first == nil {
+			first = fmt.Errorf("read the %s histogram: %w", t.event, err)
+		}
+	}
+	for _, t := range ts {
+		writeTrigger(triggerFile(t.event, "trigger"), "!"+t.spec)
+	}
+	return hists, first
+}
+
+// histField is the key of our trigger on each event.
+var histField = map[string]string{"kvm_exit": "exit_reason", "kvm_msr": "ecx", "kvm_page_fault": "fault_address"}
 
 // svmExits names the SVM exit codes a Linux guest causes most.
 var svmExits = map[int64]string{
@@ -125,11 +154,11 @@ func parseHist(s, ev string) map[string]int64 {
 		if !ok {
 			continue
 		}
-		_, code, _ := strings.Cut(key, ":")
+		field, code, _ := strings.Cut(key, ":")
 		_, hits, _ := strings.Cut(rest, "hitcount:")
 		n, err := strconv.ParseInt(strings.TrimSpace(hits), 10, 64)
-		if err != nil {
-			continue
+		if err != nil || strings.TrimSpace(field) != histField[ev] {
+			continue // another trigger's section of the same event
 		}
 		if ev == "kvm_page_fault" {
 			_, exp, _ := strings.Cut(code, "^")
@@ -160,31 +189,22 @@ func parseHist(s, ev string) map[string]int64 {
 // npf exits (where it first touches memory). From now until stop, for
 // every VM of the test host; stop returns guest RIP → count for each.
 func RIPs() (stop func() (intr, npf map[uint64]int64, err error), err error) {
-	trig := filepath.Join(debugfs, "tracing", "events", "kvm", "kvm_exit", "trigger")
-	hist := filepath.Join(debugfs, "tracing", "events", "kvm", "kvm_exit", "hist")
-	t := map[string]string{
-		"intr": "hist:keys=guest_rip.hex:sort=hitcount:size=8192 if exit_reason == 96",
-		"npf":  "hist:keys=guest_rip.hex:sort=hitcount:size=16384 if exit_reason == 1024",
+	ts := []trigger{
+		{"kvm_exit", "hist:keys=guest_rip.hex:sort=hitcount:size=8192 if exit_reason == 96"},
+		{"kvm_exit", "hist:keys=guest_rip.hex:sort=hitcount:size=16384 if exit_reason == 1024"},
 	}
-	for _, v := range t {
-		if err := writeTrigger(trig, v); err != nil {
-			for _, v := range t {
-				writeTrigger(trig, "!"+v)
-			}
-			return nil, fmt.Errorf("sample guest RIPs: %w", err)
-		}
+	if err := addTriggers(ts); err != nil {
+		return nil, fmt.Errorf("sample guest RIPs: %w", err)
 	}
 	return func() (map[uint64]int64, map[uint64]int64, error) {
-		b, err := os.ReadFile(hist)
-		for _, v := range t {
-			writeTrigger(trig, "!"+v)
-		}
+		hists, err := removeTriggers(ts[:1]) // one file holds both sections
+		removeTriggers(ts[1:])
 		if err != nil {
-			return nil, nil, fmt.Errorf("read guest RIP histograms: %w", err)
+			return nil, nil, err
 		}
-		intr, npf, err := parseRIPHists(string(b))
+		intr, npf, err := parseRIPHists(hists[0])
 		if err == nil && len(intr) == 0 && len(npf) == 0 {
-			head := string(b)
+			head := hists[0]
 			if len(head) > 3000 {
 				head = head[:3000]
 			}

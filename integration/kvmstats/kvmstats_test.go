@@ -22,7 +22,7 @@ func TestRead(t *testing.T) {
 
 // parseHist names SVM exit codes and keeps unnamed ones as numbers.
 func TestParseExitHist(t *testing.T) {
-	h := "# event histogram\n#\n{ exit_reason:       1024 } hitcount:       5123\n{ exit_reason:        124 } hitcount:         17\n{ exit_reason:          4 } hitcount:          2\n\nTotals:\n    Hits: 5142\n"
+	h := "# event histogram\n#\n{ guest_rip:           401000 } hitcount:          9\n{ exit_reason:       1024 } hitcount:       5123\n{ exit_reason:        124 } hitcount:         17\n{ exit_reason:          4 } hitcount:          2\n\nTotals:\n    Hits: 5142\n"
 	got := parseHist(h, "kvm_exit")
 	if got["npf"] != 5123 || got["msr"] != 17 || got["0x4"] != 2 || len(got) != 3 {
 		t.Fatalf("parseExitHist = %v", got)
