@@ -1103,27 +1103,3 @@ func TestDeleteLastExitedContainerStopsTheVMFirst(t *testing.T) {
 		t.Fatalf("pod1 still known after delete: %v", err)
 	}
 }
-
-// The only container's init exiting starts the guest's sync at once; the
-// Delete that then powers the VM off waits for that sync rather than
-// syncing again.
-func TestOnlyContainerExitPreSyncsTheGuest(t *testing.T) {
-	h := newHarness(t)
-	h.create("c1", []string{"exit", "0"}, nil, nil)
-	h.start("c1", "")
-	if st := h.wait("c1", ""); st != 0 {
-		t.Fatalf("c1 exit %d", st)
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for h.agent.CallCount("SyncFilesystems") == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("no guest sync after the only container's init exited (calls %v)", h.agent.CallLog())
-		}
-		time.Sleep(time.Millisecond)
-	}
-	h.delete("c1", "")
-	<-h.vmm.Wait()
-	if n := h.agent.CallCount("SyncFilesystems"); n != 1 {
-		t.Fatalf("%d guest syncs, want the pre-sync alone (calls %v)", n, h.agent.CallLog())
-	}
-}
