@@ -125,8 +125,6 @@ type Sandbox struct {
 
 	// templateNICs are the NIC MACs of the automatic template chooseTemplate picked.
 	templateNICs []string
-	// presync: a guest sync started ahead of Stop (presync.go).
-	presync *presync
 }
 
 // RestoreFrom is a checkpoint StartRestore brings back instead of booting:
@@ -315,8 +313,6 @@ func (s *Sandbox) mountRootfs(ctx context.Context, agent AgentClient, containerI
 // already owns slot 0.
 func (s *Sandbox) AttachRootfs(ctx context.Context, containerID, image string) (string, error) {
 	s.mu.Lock()
-	// Ordering: before the container can write, a pre-sync is void.
-	s.dropPreSyncLocked()
 	agent := s.agent
 	idx := -1
 	for i := range s.slots {
@@ -491,7 +487,11 @@ func (s *Sandbox) Stop(ctx context.Context) error {
 	s.mu.Unlock()
 	steps := NewSteps(time.Now())
 	if agent != nil && st == StateRunning {
-		steps.Mark(s.syncBeforeStop(ctx, agent))
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		// The reply may never come: the guest powers off underneath it.
+		_ = agent.SyncFilesystems(pctx)
+		cancel()
+		steps.Mark("sync")
 	}
 	if err := s.o.VMM.Stop(ctx); err != nil {
 		s.o.Log.WithError(err).Warn("stop vmm")

@@ -420,15 +420,6 @@ func (s *Service) processExited(p *process.Process) {
 		s.copyTerminationLogs(ctx, c)
 		cancel()
 	}
-	if p.ExecID() == "" && s.onlyContainer(p.ContainerID()) {
-		// Its Delete will power the VM off (stopFirst): sync meanwhile.
-		s.mu.Lock()
-		sb := s.sb
-		s.mu.Unlock()
-		if sb != nil {
-			sb.PreSync()
-		}
-	}
 	s.lifecycleMu.Lock()
 	defer s.lifecycleMu.Unlock()
 	e := p.ExitStatus()

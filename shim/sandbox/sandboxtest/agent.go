@@ -52,11 +52,8 @@ type Agent struct {
 	DialStreamErr error
 	// TreeErr, when set, is SyncTree's answer.
 	TreeErr error
-	// SyncErrs are the answers of the next SyncFilesystems calls, in
-	// order (nil once used up).
-	SyncErrs []error
-	trees    map[string]sandbox.Tree
-	volumes  []sandbox.VolumeRequest
+	trees   map[string]sandbox.Tree
+	volumes []sandbox.VolumeRequest
 }
 
 type fakeFile struct {
@@ -557,19 +554,7 @@ func (a *Agent) Delete(ctx context.Context, cid, eid string, force bool) (sandbo
 	return p.exit, nil
 }
 
-func (a *Agent) SyncFilesystems(ctx context.Context) error {
-	if err := a.enter("SyncFilesystems"); err != nil {
-		return err
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if len(a.SyncErrs) == 0 {
-		return nil
-	}
-	err := a.SyncErrs[0]
-	a.SyncErrs = a.SyncErrs[1:]
-	return err
-}
+func (a *Agent) SyncFilesystems(ctx context.Context) error { return a.enter("SyncFilesystems") }
 
 // FreezeFilesystems and ThawFilesystems record the call; Frozen says whether the fake's disks are frozen.
 func (a *Agent) FreezeFilesystems(ctx context.Context) error {
