@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sort"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -68,25 +67,19 @@ func (l *memLayers) close() {
 	}
 }
 
-// mapRegion maps the layers over [host, host+size), which is guest RAM at
-// file offset fileOff: the base layer whole, then each diff layer's pages,
-// all MAP_PRIVATE (copy-on-write, lazy: nothing is read until touched).
-// It returns the offsets where the mapping changes files (VMA boundaries).
-func (l *memLayers) mapRegion(host uintptr, size, fileOff int64) ([]int64, error) {
-	if err := mapFixed(host, size, l.files[0], fileOff); err != nil {
-		return nil, err
-	}
-	bounds := []int64{0, size}
+// mapRegion maps over [host, host+size), which is guest RAM at file offset
+// fileOff and already maps the base layer there (memory.New), the base
+// layer's large holes as anonymous memory, then each diff layer's pages,
+// all private (copy-on-write, lazy: nothing is read until touched).
+func (l *memLayers) mapRegion(host uintptr, size, fileOff int64) error {
 	holes, err := fileHoles(l.files[0], fileOff, fileOff+size, minAnonHole)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	for _, h := range holes {
-		off := h[0] - fileOff
-		if err := mapAnon(host+uintptr(off), h[1]-h[0]); err != nil {
-			return nil, err
+		if err := mapAnon(host+uintptr(h[0]-fileOff), h[1]-h[0]); err != nil {
+			return err
 		}
-		bounds = append(bounds, off, h[1]-fileOff)
 	}
 	first, last := fileOff/memory.PageSize, (fileOff+size)/memory.PageSize
 	for i := 1; i < len(l.files); i++ {
@@ -96,21 +89,12 @@ func (l *memLayers) mapRegion(host uintptr, size, fileOff int64) ([]int64, error
 				continue
 			}
 			off := s*memory.PageSize - fileOff
-			n := (e - s) * memory.PageSize
-			if err := mapFixed(host+uintptr(off), n, l.files[i], s*memory.PageSize); err != nil {
-				return nil, err
+			if err := mapFixed(host+uintptr(off), (e-s)*memory.PageSize, l.files[i], s*memory.PageSize); err != nil {
+				return err
 			}
-			bounds = append(bounds, off, off+n)
 		}
 	}
-	sort.Slice(bounds, func(a, b int) bool { return bounds[a] < bounds[b] })
-	out := bounds[:1]
-	for _, b := range bounds[1:] {
-		if b != out[len(out)-1] {
-			out = append(out, b)
-		}
-	}
-	return out, nil
+	return nil
 }
 
 // minAnonHole is the smallest hole of the base memory file that mapRegion
@@ -278,11 +262,9 @@ func (m *Machine) mapLayers(ram []memory.Range, layers *memLayers) error {
 	m.steps.Mark("mmap")
 	var fileOff int64
 	for i, r := range m.mem.Regions() {
-		segs, err := layers.mapRegion(uintptr(r.HostAddr()), int64(r.Size), fileOff)
-		if err != nil {
+		if err = layers.mapRegion(uintptr(r.HostAddr()), int64(r.Size), fileOff); err != nil {
 			return err
 		}
-		m.snap.segs = append(m.snap.segs, segs)
 		fileOff += int64(r.Size)
 		if err = m.vm.SetUserMemoryRegion(kvm.UserspaceMemoryRegion{
 			Slot: uint32(i), Flags: kvm.MemLogDirtyPages, GuestPhysAddr: r.GPA, MemorySize: r.Size, UserspaceAddr: r.HostAddr(),

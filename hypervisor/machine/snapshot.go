@@ -34,9 +34,6 @@ type virtioDev struct {
 // snapState is the machine's snapshot bookkeeping.
 type snapState struct {
 	msrs []uint32 // readable MSR indices, found on the first snapshot
-	// segs[i] are offsets in region i where host mappings may change
-	// (VMA boundaries from layered restores); mremap must not cross them.
-	segs [][]int64
 	// logging: KVM dirty logging is on. parent: the snapshot directory
 	// the memory equalled when the dirty records were last cleared.
 	logging bool
