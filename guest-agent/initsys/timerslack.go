@@ -17,11 +17,9 @@ import (
 // busy moment cost a timer interrupt per wake-up: in a nested guest each is
 // an exit to the host (a timer write, the host's interrupt, an interrupt
 // window), and those were about half of a container start's exits.
-// Container processes get DefaultTimerSlack back before their exec.
+// Container processes get Linux's default back before their exec
+// (package container, containerTimerSlack).
 const AgentTimerSlack = 4_000_000 // ns
-
-// DefaultTimerSlack is Linux's default timer slack for a process (50 µs).
-const DefaultTimerSlack = 50_000 // ns
 
 // SetProcessTimerSlack sets the timer slack of every thread of this
 // process to ns: threads created later inherit it from the thread that

@@ -86,7 +86,7 @@ func TestSafeNameIsTheRegexp(t *testing.T) {
 		strings.Repeat("a", 253), strings.Repeat("a", 254), "0" + strings.Repeat("-", 252), "0" + strings.Repeat("-", 253),
 		"3f2c1a9e-2b4d-4c7e-9a51-0d6b8e2f4a17", "kubernetes.io~empty-dir"}
 	for _, c := range cases {
-		if got, want := safeName.MatchString(c), re.MatchString(c); got != want {
+		if got, want := safeName(c), re.MatchString(c); got != want {
 			t.Errorf("safeName(%q) = %v, the regexp says %v", c, got, want)
 		}
 	}
@@ -97,7 +97,7 @@ func FuzzSafeName(f *testing.F) {
 	f.Add("a-b")
 	f.Add("-")
 	f.Fuzz(func(t *testing.T, s string) {
-		if got, want := safeName.MatchString(s), re.MatchString(s); got != want {
+		if got, want := safeName(s), re.MatchString(s); got != want {
 			t.Fatalf("safeName(%q) = %v, the regexp says %v", s, got, want)
 		}
 	})
