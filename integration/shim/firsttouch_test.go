@@ -65,20 +65,22 @@ func BenchmarkFirstTouch(b *testing.B) {
 		out, rc, err := d.CtrQuiet(nil, append(append(append([]string{"run", "-d"}, args...), cubetest.ImageRef, id), "sleep", "3600")...)
 		took := time.Since(start)
 		cpu := diffStats(cpuTicks(), cpu0)
-		if stopRIPs != nil {
-			intr, npf, err := stopRIPs()
-			if err != nil {
-				b.Fatal(err)
-			}
-			syms := d.guestKallsyms(b, args)
-			printRIPs("host interrupts (where guest time goes)", intr, syms)
-			printRIPs("nested page faults (where the guest first touches memory)", npf, syms)
-		}
 		var why map[string]int64
 		if histErr == nil {
 			if why, histErr = stopHist(); histErr != nil {
 				b.Logf("%s: no exit reasons: %v", name, histErr)
 			}
+		}
+		if stopRIPs != nil {
+			intr, npf, err := stopRIPs()
+			if err != nil {
+				b.Fatal(err)
+			}
+			// Ordering: after both samples stopped, so the sandbox that
+			// reads the symbols counts in neither.
+			syms := d.guestKallsyms(b, args)
+			printRIPs("host interrupts (where guest time goes)", intr, syms)
+			printRIPs("nested page faults (where the guest first touches memory)", npf, syms)
 		}
 		if err != nil || rc != 0 {
 			d.Forget(id)
@@ -176,25 +178,6 @@ func BenchmarkFirstTouch(b *testing.B) {
 			fmt.Printf("%s: exec 1 − exec 3 = %v for %d more nested page faults (%s each)\n", r.name, dt.Round(time.Millisecond), dpf, per)
 		}
 	}
-}
-
-// vcpuWait is how long process pid's vCPU threads were runnable but not
-// running (schedstat's run-queue wait), in clock ticks like vcpuTicks.
-func vcpuWait(pid string) int64 {
-	var ns int64
-	tasks, _ := filepath.Glob(filepath.Join("/proc", pid, "task", "*"))
-	for _, t := range tasks {
-		comm, _ := os.ReadFile(filepath.Join(t, "comm"))
-		if !strings.HasPrefix(string(comm), "vcpu") {
-			continue
-		}
-		b, _ := os.ReadFile(filepath.Join(t, "schedstat"))
-		if f := strings.Fields(string(b)); len(f) == 3 {
-			w, _ := strconv.ParseInt(f[1], 10, 64)
-			ns += w
-		}
-	}
-	return ns / 1e7
 }
 
 // guestProfileEnv, set, makes BenchmarkFirstTouch's template variant boot
@@ -333,10 +316,10 @@ func cpuTicks() map[string]int64 {
 		}
 		m[st.Comm] += int64(st.UTime + st.STime + st.CUTime + st.CSTime)
 		if st.Comm == "cube-vmm" {
-			all, kernel := vcpuTicks(e.Name())
+			all, kernel, wait := vcpuTicks(e.Name())
 			m["cube-vmm vcpus"] += all
 			m["of which in KVM"] += kernel
-			m["vcpus waited for a CPU"] += vcpuWait(e.Name())
+			m["vcpus waited for a CPU"] += wait
 		}
 	}
 	if b, err := os.ReadFile("/proc/stat"); err == nil {
@@ -355,16 +338,25 @@ func cpuTicks() map[string]int64 {
 
 // vcpuTicks is the CPU time of process pid's vCPU threads (named vcpuN):
 // the guest's, with the exits KVM handles in the kernel; kernel is the
-// system time alone (exit handling: the guest's own time counts as user).
-func vcpuTicks(pid string) (n, kernel int64) {
-	tasks, _ := filepath.Glob(filepath.Join("/proc", pid, "task", "*", "stat"))
+// system time alone (exit handling: the guest's own time counts as user);
+// wait is how long they were runnable but not running (schedstat's
+// run-queue wait). All in clock ticks.
+func vcpuTicks(pid string) (n, kernel, wait int64) {
+	tasks, _ := filepath.Glob(filepath.Join("/proc", pid, "task", "*"))
 	for _, t := range tasks {
-		if st, ok := cubetest.ReadStat(t); ok && strings.HasPrefix(st.Comm, "vcpu") {
-			n += int64(st.UTime + st.STime)
-			kernel += int64(st.STime)
+		st, ok := cubetest.ReadStat(filepath.Join(t, "stat"))
+		if !ok || !strings.HasPrefix(st.Comm, "vcpu") {
+			continue
+		}
+		n += int64(st.UTime + st.STime)
+		kernel += int64(st.STime)
+		b, _ := os.ReadFile(filepath.Join(t, "schedstat"))
+		if f := strings.Fields(string(b)); len(f) == 3 {
+			ns, _ := strconv.ParseInt(f[1], 10, 64)
+			wait += ns / 1e7
 		}
 	}
-	return n, kernel
+	return n, kernel, wait
 }
 
 // vmDebugDir is the debugfs directory of the one KVM VM that was not among
