@@ -85,8 +85,8 @@ func ExitReasons() (stop func() (map[string]int64, error), err error) {
 	return func() (map[string]int64, error) {
 		out := map[string]int64{}
 		hists, err := removeTriggers(evs)
-		for i, h := range hists {
-			for k, v := range parseHist(h, evs[i].event) {
+		for ev, h := range hists {
+			for k, v := range parseHist(h, ev) {
 				out[k] += v
 			}
 		}
@@ -112,15 +112,18 @@ func addTriggers(ts []trigger) error {
 	return nil
 }
 
-// removeTriggers reads each trigger's event histogram (an event's file
-// holds all of its triggers' sections) and removes the triggers; the
-// first error is returned with what could be read.
-func removeTriggers(ts []trigger) ([]string, error) {
-	hists := make([]string, len(ts))
+// removeTriggers reads the histogram of each event the triggers are on,
+// once (an event's file holds all of its triggers' sections), then removes
+// the triggers; the first error is returned with what could be read.
+func removeTriggers(ts []trigger) (map[string]string, error) {
+	hists := map[string]string{}
 	var first error
-	for i, t := range ts {
+	for _, t := range ts {
+		if _, done := hists[t.event]; done {
+			continue
+		}
 		b, err := os.ReadFile(triggerFile(t.event, "hist"))
-		hists[i] = string(b)
+		hists[t.event] = string(b)
 		if err != nil && first == nil {
 			first = fmt.Errorf("read the %s histogram: %w", t.event, err)
 		}
@@ -197,14 +200,13 @@ func RIPs() (stop func() (intr, npf map[uint64]int64, err error), err error) {
 		return nil, fmt.Errorf("sample guest RIPs: %w", err)
 	}
 	return func() (map[uint64]int64, map[uint64]int64, error) {
-		hists, err := removeTriggers(ts[:1]) // one file holds both sections
-		removeTriggers(ts[1:])
+		hists, err := removeTriggers(ts)
 		if err != nil {
 			return nil, nil, err
 		}
-		intr, npf, err := parseRIPHists(hists[0])
+		intr, npf, err := parseRIPHists(hists["kvm_exit"])
 		if err == nil && len(intr) == 0 && len(npf) == 0 {
-			head := hists[0]
+			head := hists["kvm_exit"]
 			if len(head) > 3000 {
 				head = head[:3000]
 			}
