@@ -76,13 +76,16 @@ type VCPU struct {
 	// Exits counts userspace exits by kind, for diagnostics.
 	Exits ExitCounts
 
-	mu     sync.Mutex
-	cond   sync.Cond
-	want   State // Running, Paused or Stopped: what the controller asked for
-	state  State
-	tid    int
-	result Result
-	done   chan struct{}
+	mu    sync.Mutex
+	cond  sync.Cond
+	want  State // Running, Paused or Stopped: what the controller asked for
+	state State
+	// started is set by Start before it spawns the thread: from then on
+	// the thread owns done, even while state is still Created.
+	started bool
+	tid     int
+	result  Result
+	done    chan struct{}
 }
 
 // New wraps cpu; pio and mmio may be shared by all vCPUs of a VM.
@@ -103,10 +106,11 @@ func (v *VCPU) State() State {
 // thread once, when it ends.
 func (v *VCPU) Start(onExit func(Result)) {
 	v.mu.Lock()
-	if v.state != Created {
+	if v.state != Created || v.started {
 		v.mu.Unlock()
 		return
 	}
+	v.started = true
 	v.mu.Unlock()
 	started := make(chan struct{})
 	go v.run(onExit, started)
@@ -215,8 +219,10 @@ func (v *VCPU) RequestStop() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.want = Stopped
-	if v.state == Created {
-		// Never started: there is no thread to wait for.
+	if v.state == Created && !v.started {
+		// Never started: there is no thread to wait for. Ordering: a
+		// thread Start has spawned but that has not yet set Running is
+		// not this case; it sees want == Stopped, ends and closes done.
 		v.state = Stopped
 		v.result = Result{ID: v.CPU.ID(), Reason: ReasonStopped}
 		close(v.done)

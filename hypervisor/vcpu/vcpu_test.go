@@ -191,6 +191,42 @@ func TestStopWhilePausedAndNeverStarted(t *testing.T) {
 	}
 }
 
+// A stop that races a Start (a machine whose other vCPU shut it down while
+// this one was starting) ends the thread once: done was closed twice when
+// the stop came after Start had spawned the thread but before the thread
+// marked itself Running (CI: "close of closed channel" in loopThread).
+func TestStopRacingStart(t *testing.T) {
+	g := newGuest(t, loopCode)
+	var pio, mmio bus.Bus
+	for i := 0; i < 300; i++ {
+		v := New(g.CPU, &pio, &mmio)
+		exits := make(chan Result, 2)
+		go v.Start(func(r Result) { exits <- r })
+		if i%2 == 1 {
+			runtime.Gosched()
+		}
+		v.RequestStop()
+		r := waitDone(t, v)
+		if r.Reason != ReasonStopped {
+			t.Fatalf("round %d: result %+v, want stopped", i, r)
+		}
+		v.Start(nil) // a Start after the stop must do nothing
+		if s := v.State(); s != Stopped {
+			t.Fatalf("round %d: state %v after stop", i, s)
+		}
+		// onExit runs at most once, and only if the thread ran.
+		select {
+		case <-exits:
+			select {
+			case r := <-exits:
+				t.Fatalf("round %d: onExit called twice (%+v)", i, r)
+			case <-time.After(time.Millisecond):
+			}
+		default:
+		}
+	}
+}
+
 // BenchmarkPauseResume measures one pause+resume round trip of a spinning vCPU.
 func BenchmarkPauseResume(b *testing.B) {
 	g, err := kvmtest.NewGuest(kvm.DefaultDevice, loopCode, kvmtest.GuestOptions{})
