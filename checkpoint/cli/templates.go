@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cube-runtime/cube/shim/config"
+	"github.com/cube-runtime/cube/shim/standby"
 	"github.com/cube-runtime/cube/shim/template"
 )
 
@@ -21,9 +22,11 @@ A shim makes one on first use; a changed kernel, initrd or cube-vmm makes
 a new one and leaves the old one here until it is removed.
 
 Commands:
-  ls        list them: key, size on disk, when made, what for; failed builds too
-  rm KEY... remove templates (refused while a shim is building that key);
-            running sandboxes restored from one keep running
+  ls        list them: key, size on disk, when made, what for, standby VMs
+            ready for the next sandbox; failed builds too
+  rm KEY... remove templates (refused while a shim is building that key)
+            and stop their free standby VMs; running sandboxes restored
+            from one keep running
 
 Flags:
   --dir DIR       the template directory (default: template_dir of --config)
@@ -44,19 +47,25 @@ func (r *runner) templates(_ context.Context, args []string) int {
 	if len(pos) == 0 {
 		return r.usageError(cmd, "want a command: ls or rm")
 	}
+	// The standbys are under the shim's state_dir (config); with --dir and
+	// an unreadable config, they are left alone.
+	c, cerr := config.Load(*conf)
 	if *dir == "" {
-		c, err := config.Load(*conf)
-		if err != nil {
-			return r.fail(cmd, fmt.Errorf("%w (or name the template directory with --dir)", err))
+		if cerr != nil {
+			return r.fail(cmd, fmt.Errorf("%w (or name the template directory with --dir)", cerr))
 		}
 		*dir = c.TemplateDir
+	}
+	stateDir := ""
+	if cerr == nil {
+		stateDir = c.StateDir
 	}
 	switch pos[0] {
 	case "ls", "list":
 		if len(pos) != 1 {
 			return r.usageError(cmd+" ls", "takes no arguments")
 		}
-		return r.templatesLs(*dir)
+		return r.templatesLs(*dir, stateDir)
 	case "rm", "remove":
 		if len(pos) < 2 {
 			return r.usageError(cmd+" rm", "want one or more keys")
@@ -67,6 +76,12 @@ func (r *runner) templates(_ context.Context, args []string) int {
 				code = r.fail(cmd+" rm", err)
 				continue
 			}
+			if stateDir != "" {
+				if _, err := standby.Stop(stateDir, filepath.Join(*dir, k, "vm")); err != nil {
+					code = r.fail(cmd+" rm", fmt.Errorf("template %s removed, but its standby VMs: %w", k, err))
+					continue
+				}
+			}
 			fmt.Fprintln(r.env.Stdout, k)
 		}
 		return code
@@ -74,10 +89,20 @@ func (r *runner) templates(_ context.Context, args []string) int {
 	return r.usageError(cmd, fmt.Sprintf("unknown command %q (commands: ls, rm)", pos[0]))
 }
 
-func (r *runner) templatesLs(dir string) int {
+func (r *runner) templatesLs(dir, stateDir string) int {
 	list, err := template.List(dir)
 	if err != nil {
 		return r.fail("cube templates ls", err)
+	}
+	standbys := map[string]int{}
+	if stateDir != "" {
+		sbs, err := standby.List(stateDir)
+		if err != nil {
+			return r.fail("cube templates ls", err)
+		}
+		for _, sb := range sbs {
+			standbys[sb.Record.Template]++
+		}
 	}
 	w := tabwriter.NewWriter(r.env.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "KEY\tSIZE\tCREATED\tFOR")
@@ -97,6 +122,9 @@ func (r *runner) templatesLs(dir string) int {
 				// Its key was computed another way: no shim finds it.
 				what += fmt.Sprintf("; layout %s, not used by this shim (%s): remove it", t.Meta.Version, template.Version)
 			}
+		}
+		if n := standbys[filepath.Join(dir, t.Key, "vm")]; n > 0 {
+			what += fmt.Sprintf("; %d standby VM(s) ready", n)
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", t.Key, bytesHuman(t.Bytes), created, what)
 	}

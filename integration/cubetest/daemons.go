@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cube-runtime/cube/shim/standby"
 )
 
 const containerdConfig = `version = 3
@@ -101,6 +103,9 @@ func StartDaemons(tb testing.TB) *Daemons {
 	}
 	tb.Cleanup(func() { os.RemoveAll(dir) })
 	DumpConsolesOnFailure(tb, dir, 40)
+	// Ordering: runs after containerd and the snapshotter stopped (cleanups
+	// run last-registered first), so no shim makes a standby meanwhile.
+	tb.Cleanup(func() { StopStandbys(tb, filepath.Join(dir, "vms")) })
 	d := &Daemons{Dir: dir, tb: tb, Env: append(os.Environ(), "PATH=/cube/bin:"+os.Getenv("PATH"))}
 	WriteShimConfig(tb, dir)
 	StartSnapshotter(tb, dir, d.Env, dir+"/snap.sock")
@@ -222,4 +227,17 @@ func LastLines(s string, n int) string {
 		l = l[len(l)-n:]
 	}
 	return strings.Join(l, "\n")
+}
+
+// StopStandbys stops the standby VMs the shims left under stateDir (a
+// template restore leaves one for the next sandbox): they would outlive the
+// test in the test host.
+func StopStandbys(tb testing.TB, stateDir string) {
+	n, err := standby.Stop(stateDir, "")
+	if err != nil {
+		tb.Errorf("stop standby VMs in %s: %v", stateDir, err)
+	}
+	if n > 0 {
+		tb.Logf("stopped %d standby VM(s) in %s", n, stateDir)
+	}
 }

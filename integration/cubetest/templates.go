@@ -13,6 +13,10 @@ import (
 const (
 	LogTemplateMade = "template made"
 	LogRestoring    = "restoring from template"
+	// LogAdopted is the shim's line when a sandbox takes a standby VM.
+	LogAdopted = "adopted a standby VM"
+	// LogStandbyStarted is the shim's line when it leaves one for the next sandbox.
+	LogStandbyStarted = "standby VM started for the next sandbox"
 	LogNoTemplate   = "cold boot: no template"
 )
 

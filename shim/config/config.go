@@ -88,6 +88,11 @@ type Config struct {
 	// TemplateWait bounds how long a sandbox waits for a template another shim is making (Go
 	// duration); past it the sandbox cold-boots.
 	TemplateWait string `toml:"template_wait"`
+	// Standby: when true (the default), a sandbox restored from a template (without a network) leaves
+	// one standby VM of that template behind, restored at idle CPU priority, and the next such sandbox
+	// adopts it instead of restoring its own: the VMM's start and the restore are then off its path.
+	// At most one free standby per template; `cube templates rm` stops them (docs/shim.md).
+	Standby bool `toml:"standby"`
 	// HugeTLB: a cold-booted sandbox VM takes its memory from the host's 2 MiB hugetlb pool
 	// (cube-vmm -hugetlb; docs/vmm.md): memory_mib/2 free pages must be in it (vm.nr_hugepages), or the
 	// sandbox fails to start; memory_mib must be even. Restores (templates) map their snapshot with small
@@ -111,6 +116,7 @@ func Default() Config {
 		Templates:    true,
 		TemplateDir:  DefaultTemplateDir,
 		TemplateWait: DefaultTemplateWait,
+		Standby:      true,
 	}
 }
 

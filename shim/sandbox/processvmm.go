@@ -18,9 +18,11 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
 
 	"github.com/cube-runtime/cube/hypervisor/control"
 	"github.com/cube-runtime/cube/hypervisor/vsockdial"
+	"github.com/cube-runtime/cube/shim/standby"
 )
 
 // ProcessVMM runs the VM as a cube-vmm child process (cmd/cube-vmm) and
@@ -51,6 +53,9 @@ type ProcessVMM struct {
 	started bool
 	// tail keeps the end of cube-vmm's stderr: a refused restore says why there.
 	tail *tailWriter
+	// pid and pidfd of an adopted standby's cube-vmm (Adopt), which is not
+	// this process's child: its end is seen through the pidfd.
+	pid, pidfd int
 }
 
 // tailWriter keeps the last bytes written to it.
@@ -82,7 +87,10 @@ func (t *tailWriter) last() string {
 	return ""
 }
 
-var _ VMM = (*ProcessVMM)(nil)
+var (
+	_ VMM     = (*ProcessVMM)(nil)
+	_ Adopter = (*ProcessVMM)(nil)
+)
 
 // Args returns cube-vmm's arguments for cfg.
 func Args(cfg VMConfig) []string {
@@ -265,7 +273,15 @@ func exitOf(ps *os.ProcessState, err error) VMExit {
 
 func (v *ProcessVMM) kill() {
 	v.mu.Lock()
-	cmd := v.cmd
+	cmd, done := v.cmd, v.done
+	if cmd == nil && v.pidfd > 0 {
+		// Through the pidfd (the adopted pid cannot have been reused),
+		// under v.mu: watchAdopted closes it under v.mu too.
+		_ = unix.PidfdSendSignal(v.pidfd, unix.SIGKILL, nil, 0)
+		v.mu.Unlock()
+		<-done
+		return
+	}
 	v.mu.Unlock()
 	if cmd != nil && cmd.Process != nil {
 		_ = cmd.Process.Kill()
@@ -278,7 +294,7 @@ func (v *ProcessVMM) Pid() int {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.cmd == nil || v.cmd.Process == nil {
-		return 0
+		return v.pid
 	}
 	return v.cmd.Process.Pid
 }
@@ -400,4 +416,93 @@ func (v *ProcessVMM) control(ctx context.Context, do func(*control.Client) error
 	}
 	defer c.Close()
 	return do(c)
+}
+
+// VMMBinary implements Adopter: the cube-vmm a standby is started with.
+func (v *ProcessVMM) VMMBinary() string { return v.Binary }
+
+// Adopt implements Adopter: the standby's cube-vmm, started by another
+// shim, becomes this VMM. Its threads go back to normal scheduling and into
+// v.Cgroup, then Adopt waits for its sockets (a standby may still be
+// restoring). Its exit status cannot be known here (it is not our child):
+// Exit reports 137 and the end of its log (vmm.log in its directory).
+func (v *ProcessVMM) Adopt(ctx context.Context, cfg VMConfig, sb standby.Standby) (err error) {
+	v.mu.Lock()
+	if v.started {
+		v.mu.Unlock()
+		return errors.New("vmm already started")
+	}
+	v.mu.Unlock()
+	if v.Log == nil {
+		v.Log = logrus.NewEntry(logrus.StandardLogger())
+	}
+	pid := sb.Record.Pid
+	fd, err := standby.Open(pid, sb.Record.StartTime)
+	if err != nil {
+		return err
+	}
+	if err := standby.Normalize(pid); err != nil {
+		unix.Close(fd)
+		return err
+	}
+	if v.Cgroup != "" {
+		if err := PlaceInCgroup(v.Cgroup, pid); err != nil {
+			unix.Close(fd)
+			return fmt.Errorf("place vmm pid %d in cgroup %s: %w", pid, v.Cgroup, err)
+		}
+	}
+	done := make(chan struct{})
+	v.mu.Lock()
+	v.started, v.pid, v.pidfd, v.cfg, v.done, v.tail = true, pid, fd, cfg, done, &tailWriter{}
+	v.mu.Unlock()
+	go v.watchAdopted(fd, filepath.Join(sb.Dir, standby.LogName), done)
+	if err := waitFiles(ctx, done, cfg.VsockPath, cfg.ControlPath); err != nil {
+		if !errors.Is(err, errVMMExited) {
+			v.kill()
+		}
+		err = fmt.Errorf("adopted standby vmm: %w%s", err, v.tail.last())
+		// Nothing of the standby stays: Start may run instead.
+		v.mu.Lock()
+		v.started, v.pid, v.pidfd, v.cfg, v.done, v.exit = false, 0, 0, VMConfig{}, nil, VMExit{}
+		v.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// watchAdopted waits for the adopted VMM's end through its pidfd.
+func (v *ProcessVMM) watchAdopted(fd int, logPath string, done chan struct{}) {
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for {
+		_, err := unix.Poll(fds, -1)
+		if err == nil || !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	if b, err := readTail(logPath, tailSize); err == nil {
+		_, _ = v.tail.Write(b)
+	}
+	v.mu.Lock()
+	v.exit = VMExit{Status: 128 + int(unix.SIGKILL), Err: fmt.Errorf("adopted standby vmm exited (its status is not known here; its log: %s)", logPath)}
+	v.pidfd = -1
+	unix.Close(fd)
+	v.mu.Unlock()
+	close(done)
+}
+
+// readTail reads the last n bytes of a file.
+func readTail(path string, n int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	off := max(st.Size()-n, 0)
+	b := make([]byte, st.Size()-off)
+	_, err = f.ReadAt(b, off)
+	return b, err
 }

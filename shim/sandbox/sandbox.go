@@ -99,6 +99,10 @@ type Options struct {
 	// numbers (default HostBlockDevice; tests fake it).
 	HostBlockDevice func(major, minor uint32) (string, uint64, error)
 	Log             *logrus.Entry
+	// Standby: a sandbox restored from a template adopts a standby VM of
+	// it when one is free, and leaves one behind for the next sandbox
+	// (standby.go, docs/shim.md *Standby VMs*).
+	Standby bool
 }
 
 // Sandbox is one VM and its agent connection.

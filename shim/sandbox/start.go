@@ -30,6 +30,13 @@ func (s *Sandbox) Start(ctx context.Context, firstImage, firstOwner string) (ret
 	ctx, cancel := context.WithTimeout(ctx, s.o.BootTimeout)
 	defer cancel()
 
+	// A standby's directory becomes the sandbox's state dir (its sockets,
+	// stubs and console are there).
+	ownDir := s.o.Dir
+	sb := s.claimStandby()
+	if sb != nil {
+		s.o.Dir = sb.Dir
+	}
 	if err := os.MkdirAll(s.o.Dir, 0o700); err != nil {
 		return fmt.Errorf("sandbox %s: state dir: %w", s.o.ID, err)
 	}
@@ -40,12 +47,32 @@ func (s *Sandbox) Start(ctx context.Context, firstImage, firstOwner string) (ret
 			s.teardown(false)
 		}
 	}()
-	cfg, netAtt, err := s.prepareVM(ctx, firstImage, firstOwner)
+	cfg, netAtt, err := s.prepareVM(ctx, firstImage, firstOwner, sb != nil)
 	if err != nil {
 		return err
 	}
 	steps.Mark("prepare")
-	err = s.o.VMM.Start(ctx, cfg)
+	adopted := false
+	if sb != nil {
+		if adopted, err = s.adoptStandby(ctx, sb, cfg, firstImage); err != nil {
+			return fmt.Errorf("sandbox %s: %w", s.o.ID, err)
+		}
+		if !adopted {
+			s.o.Dir, s.slots = ownDir, nil
+			if err := os.MkdirAll(s.o.Dir, 0o700); err != nil {
+				return fmt.Errorf("sandbox %s: state dir: %w", s.o.ID, err)
+			}
+			if cfg, netAtt, err = s.prepareVM(ctx, firstImage, firstOwner, false); err != nil {
+				return err
+			}
+		}
+	}
+	if adopted {
+		s.o.Log.WithFields(logrus.Fields{"sandbox": s.o.ID, "standby": sb.Dir, "pid": sb.Record.Pid,
+			"standby_age": time.Since(sb.Record.Made).Round(time.Millisecond)}).Info("adopted a standby VM")
+	} else {
+		err = s.o.VMM.Start(ctx, cfg)
+	}
 	closeTaps(netAtt)
 	if err != nil {
 		return fmt.Errorf("sandbox %s: start vmm: %w", s.o.ID, err)
@@ -71,14 +98,18 @@ func (s *Sandbox) Start(ctx context.Context, firstImage, firstOwner string) (ret
 		s.state = StateRunning
 	}
 	s.mu.Unlock()
-	s.o.Log.WithFields(logrus.Fields{"sandbox": s.o.ID, "template": s.o.Template, "total_ms": MS(steps.Total()),
+	s.o.Log.WithFields(logrus.Fields{"sandbox": s.o.ID, "template": s.o.Template, "standby": adopted, "total_ms": MS(steps.Total()),
 		"steps_ms": steps.String()}).Info("sandbox started")
+	// The next sandbox of this template finds a VM ready. Ordering: after
+	// this one started, and at idle priority, so it takes nothing from it.
+	go s.makeStandby()
 	return nil
 }
 
 // prepareVM makes what the VMM starts with (stub disks, the share, the
 // network) and returns its configuration and the network attached.
-func (s *Sandbox) prepareVM(ctx context.Context, firstImage, firstOwner string) (VMConfig, *NetworkAttachment, error) {
+// For an adopted standby (standby) the stubs exist already: its VMM has them open.
+func (s *Sandbox) prepareVM(ctx context.Context, firstImage, firstOwner string, standby bool) (VMConfig, *NetworkAttachment, error) {
 	var disks []Disk
 	// A template was snapshotted with stub drives in every slot: restored,
 	// each slot is backed by the sandbox's own stub as it is (no copy of
@@ -88,8 +119,10 @@ func (s *Sandbox) prepareVM(ctx context.Context, firstImage, firstOwner string) 
 	uses, sets := map[string]string{}, map[string]string{}
 	for i := 0; i < s.o.DiskSlots; i++ {
 		sl := slot{serial: SlotSerial(i), stub: filepath.Join(s.o.Dir, fmt.Sprintf("slot-%d.img", i))}
-		if err := writeStub(sl.stub); err != nil {
-			return VMConfig{}, nil, fmt.Errorf("sandbox %s: %w", s.o.ID, err)
+		if !standby {
+			if err := writeStub(sl.stub); err != nil {
+				return VMConfig{}, nil, fmt.Errorf("sandbox %s: %w", s.o.ID, err)
+			}
 		}
 		path := sl.stub
 		if template {
@@ -119,7 +152,7 @@ func (s *Sandbox) prepareVM(ctx context.Context, firstImage, firstOwner string) 
 	if r := s.restore; r != nil {
 		cfg.DiskPaths = map[string]string{r.RootfsSerial: r.RootfsImage}
 	}
-	if template {
+	if template && !standby {
 		cfg.DiskUses, cfg.DiskSets = uses, sets
 	}
 	if err := s.prepareShareFor(&cfg); err != nil {
