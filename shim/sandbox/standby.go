@@ -31,7 +31,8 @@ type Adopter interface {
 
 // standbyFits says whether this sandbox's VM could be a standby of its
 // template: restored from a template (not a checkpoint), with no network
-// (a standby has no taps) and no share (nor has it binds).
+// (a standby has no taps) and no host directories bound in the template's
+// share (a standby's share is empty; an automatic template's is).
 func (s *Sandbox) standbyFits() bool {
 	if !s.o.Standby || s.o.Template == "" || s.restore != nil || s.o.Network != nil {
 		return false
@@ -39,8 +40,8 @@ func (s *Sandbox) standbyFits() bool {
 	if _, ok := s.o.VMM.(Adopter); !ok {
 		return false
 	}
-	share, err := snapshotHasShare(s.o.Template)
-	return err == nil && !share
+	recs, err := ReadShares(s.o.Template)
+	return err == nil && len(recs) == 0
 }
 
 // claimStandby adopts a standby of the sandbox's template, if one is free:
@@ -138,6 +139,16 @@ func (s *Sandbox) spawnStandby(stateDir string) (dir string, pid int, err error)
 		VsockPath:   filepath.Join(dir, "vsock.sock"),
 		ControlPath: filepath.Join(dir, "control.sock"),
 		ConsolePath: filepath.Join(dir, "console.log"),
+	}
+	// The share's directory, as prepareShare makes it: the adopting
+	// sandbox's share is this one (its state dir becomes this directory).
+	if share, err := snapshotHasShare(s.o.Template); err != nil {
+		return "", 0, err
+	} else if share {
+		if err := os.Mkdir(filepath.Join(dir, ShareDirName), 0o700); err != nil {
+			return "", 0, err
+		}
+		cfg.Shares = []Share{{Tag: ShareTag, Path: filepath.Join(dir, ShareDirName)}}
 	}
 	bin, err := exec.LookPath(s.o.VMM.(Adopter).VMMBinary())
 	if err != nil {
