@@ -88,10 +88,11 @@ type Config struct {
 	// TemplateWait bounds how long a sandbox waits for a template another shim is making (Go
 	// duration); past it the sandbox cold-boots.
 	TemplateWait string `toml:"template_wait"`
-	// Standby: when true (the default), a sandbox restored from a template (without a network) leaves
-	// one standby VM of that template behind, restored at idle CPU priority, and the next such sandbox
-	// adopts it instead of restoring its own: the VMM's start and the restore are then off its path.
-	// At most one free standby per template; `cube templates rm` stops them (docs/shim.md).
+	// Standby: when true, a sandbox restored from a template (without a network) leaves one standby VM
+	// of that template behind, restored at idle CPU priority, and the next such sandbox adopts it
+	// instead of restoring its own: the VMM's start and the restore are then off its path. At most one
+	// free standby per template; `cube templates rm` stops them (docs/shim.md, *Standby VMs*). Off by
+	// default: on a host without idle CPU, making the next standby costs a start what adopting saved.
 	Standby bool `toml:"standby"`
 	// HugeTLB: a cold-booted sandbox VM takes its memory from the host's 2 MiB hugetlb pool
 	// (cube-vmm -hugetlb; docs/vmm.md): memory_mib/2 free pages must be in it (vm.nr_hugepages), or the
@@ -116,7 +117,6 @@ func Default() Config {
 		Templates:    true,
 		TemplateDir:  DefaultTemplateDir,
 		TemplateWait: DefaultTemplateWait,
-		Standby:      true,
 	}
 }
 
