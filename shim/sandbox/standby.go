@@ -86,7 +86,8 @@ func (s *Sandbox) makeStandby() {
 	}
 	defer lock.Close()
 	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		return // another shim is making one
+		log.Debug("no standby VM made: another shim is making one")
+		return
 	}
 	free, err := standby.List(stateDir)
 	if err != nil {
@@ -95,6 +96,7 @@ func (s *Sandbox) makeStandby() {
 	}
 	for _, f := range free {
 		if f.Record.Template == s.o.Template {
+			log.WithField("standby", f.Dir).Debug("no standby VM made: one is free")
 			return
 		}
 	}
