@@ -58,6 +58,10 @@ func (s *Sandbox) claimStandby() *standby.Standby {
 	if !ok {
 		return nil
 	}
+	if sb.Record.Slots != s.o.DiskSlots {
+		s.dropStandby(&sb, fmt.Errorf("it has %d drive slots, the sandbox %d", sb.Record.Slots, s.o.DiskSlots))
+		return nil
+	}
 	return &sb
 }
 

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+
+	"github.com/cube-runtime/cube/shim/standby"
 )
 
 // Start boots the VM with firstImage (the first container's rootfs) in slot 0
@@ -47,37 +49,11 @@ func (s *Sandbox) Start(ctx context.Context, firstImage, firstOwner string) (ret
 			s.teardown(false)
 		}
 	}()
-	cfg, netAtt, err := s.prepareVM(ctx, firstImage, firstOwner, sb != nil)
+	netAtt, adopted, err := s.startVMM(ctx, sb, ownDir, firstImage, firstOwner, steps)
+	closeTaps(netAtt)
 	if err != nil {
 		return err
 	}
-	steps.Mark("prepare")
-	adopted := false
-	if sb != nil {
-		if adopted, err = s.adoptStandby(ctx, sb, cfg, firstImage); err != nil {
-			return fmt.Errorf("sandbox %s: %w", s.o.ID, err)
-		}
-		if !adopted {
-			s.o.Dir, s.slots = ownDir, nil
-			if err := os.MkdirAll(s.o.Dir, 0o700); err != nil {
-				return fmt.Errorf("sandbox %s: state dir: %w", s.o.ID, err)
-			}
-			if cfg, netAtt, err = s.prepareVM(ctx, firstImage, firstOwner, false); err != nil {
-				return err
-			}
-		}
-	}
-	if adopted {
-		s.o.Log.WithFields(logrus.Fields{"sandbox": s.o.ID, "standby": sb.Dir, "pid": sb.Record.Pid,
-			"standby_age": time.Since(sb.Record.Made).Round(time.Millisecond)}).Info("adopted a standby VM")
-	} else {
-		err = s.o.VMM.Start(ctx, cfg)
-	}
-	closeTaps(netAtt)
-	if err != nil {
-		return fmt.Errorf("sandbox %s: start vmm: %w", s.o.ID, err)
-	}
-	steps.Mark("vmm")
 	go s.supervise()
 	// A VM restored from a snapshot had its agent listening when it was
 	// taken: the vsock handshake (the guest accepting on the agent's port)
@@ -85,7 +61,7 @@ func (s *Sandbox) Start(ctx context.Context, firstImage, firstOwner string) (ret
 	// Health would cost a round trip to the guest before them.
 	agent, err := s.dialAgent(ctx, s.o.Template == "")
 	if err != nil {
-		return fmt.Errorf("sandbox %s: %w (console log: %s)", s.o.ID, err, cfg.ConsolePath)
+		return fmt.Errorf("sandbox %s: %w (console log: %s)", s.o.ID, err, filepath.Join(s.o.Dir, "console.log"))
 	}
 	steps.Mark("agent")
 	if err := s.readyGuest(ctx, agent, netAtt, steps); err != nil {
@@ -106,10 +82,46 @@ func (s *Sandbox) Start(ctx context.Context, firstImage, firstOwner string) (ret
 	return nil
 }
 
+// startVMM prepares the VM and starts its VMM, or adopts the claimed
+// standby sb; a standby that cannot be adopted is ended and the sandbox
+// starts its own VMM in ownDir instead.
+func (s *Sandbox) startVMM(ctx context.Context, sb *standby.Standby, ownDir, firstImage, firstOwner string, steps *Steps) (*NetworkAttachment, bool, error) {
+	cfg, netAtt, err := s.prepareVM(ctx, firstImage, firstOwner, sb != nil)
+	if err != nil {
+		return netAtt, false, err
+	}
+	steps.Mark("prepare")
+	if sb != nil {
+		adopted, err := s.adoptStandby(ctx, sb, cfg, firstImage)
+		if err != nil {
+			return netAtt, true, fmt.Errorf("sandbox %s: %w", s.o.ID, err)
+		}
+		if adopted {
+			s.o.Log.WithFields(logrus.Fields{"sandbox": s.o.ID, "standby": sb.Dir, "pid": sb.Record.Pid,
+				"standby_age": time.Since(sb.Record.Made).Round(time.Millisecond)}).Info("adopted a standby VM")
+			steps.Mark("vmm")
+			return netAtt, true, nil
+		}
+		s.o.Dir, s.slots = ownDir, nil
+		if err := os.MkdirAll(s.o.Dir, 0o700); err != nil {
+			return netAtt, false, fmt.Errorf("sandbox %s: state dir: %w", s.o.ID, err)
+		}
+		if cfg, netAtt, err = s.prepareVM(ctx, firstImage, firstOwner, false); err != nil {
+			return netAtt, false, err
+		}
+	}
+	if err := s.o.VMM.Start(ctx, cfg); err != nil {
+		return netAtt, false, fmt.Errorf("sandbox %s: start vmm: %w", s.o.ID, err)
+	}
+	steps.Mark("vmm")
+	return netAtt, false, nil
+}
+
 // prepareVM makes what the VMM starts with (stub disks, the share, the
 // network) and returns its configuration and the network attached.
-// For an adopted standby (standby) the stubs exist already: its VMM has them open.
-func (s *Sandbox) prepareVM(ctx context.Context, firstImage, firstOwner string, standby bool) (VMConfig, *NetworkAttachment, error) {
+// For a standby being adopted (adopting) the stubs exist already: its VMM
+// has them open, and slot 0 is set afterwards (adoptStandby).
+func (s *Sandbox) prepareVM(ctx context.Context, firstImage, firstOwner string, adopting bool) (VMConfig, *NetworkAttachment, error) {
 	var disks []Disk
 	// A template was snapshotted with stub drives in every slot: restored,
 	// each slot is backed by the sandbox's own stub as it is (no copy of
@@ -119,7 +131,7 @@ func (s *Sandbox) prepareVM(ctx context.Context, firstImage, firstOwner string, 
 	uses, sets := map[string]string{}, map[string]string{}
 	for i := 0; i < s.o.DiskSlots; i++ {
 		sl := slot{serial: SlotSerial(i), stub: filepath.Join(s.o.Dir, fmt.Sprintf("slot-%d.img", i))}
-		if !standby {
+		if !adopting {
 			if err := writeStub(sl.stub); err != nil {
 				return VMConfig{}, nil, fmt.Errorf("sandbox %s: %w", s.o.ID, err)
 			}
@@ -152,7 +164,7 @@ func (s *Sandbox) prepareVM(ctx context.Context, firstImage, firstOwner string, 
 	if r := s.restore; r != nil {
 		cfg.DiskPaths = map[string]string{r.RootfsSerial: r.RootfsImage}
 	}
-	if template && !standby {
+	if template && !adopting {
 		cfg.DiskUses, cfg.DiskSets = uses, sets
 	}
 	if err := s.prepareShareFor(&cfg); err != nil {
