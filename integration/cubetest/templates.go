@@ -17,7 +17,7 @@ const (
 	LogAdopted = "adopted a standby VM"
 	// LogStandbyStarted is the shim's line when it leaves one for the next sandbox.
 	LogStandbyStarted = "standby VM started for the next sandbox"
-	LogNoTemplate   = "cold boot: no template"
+	LogNoTemplate     = "cold boot: no template"
 )
 
 // LogFrom is containerd's log (with the shims' lines) from byte offset from.
