@@ -242,3 +242,28 @@ func policy(t *testing.T, tid int) uint32 {
 	}
 	return a.Policy
 }
+
+// FuzzReadRecord: a record file of any content is read or refused, never
+// accepted with a pid, template or slot count a claimer could not use.
+func FuzzReadRecord(f *testing.F) {
+	f.Add([]byte(`{"template":"/t/vm","pid":42,"start_time":7,"slots":8,"made":"2026-12-07T18:00:00Z"}`))
+	f.Add([]byte(`{"template":"","pid":0}`))
+	f.Add([]byte(`[1,2`))
+	dir := f.TempDir()
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p := filepath.Join(dir, "r.json")
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		r, err := ReadRecord(p)
+		if err != nil {
+			if !errdefs.IsDataLoss(err) {
+				t.Fatalf("refused with %v, want DataLoss", err)
+			}
+			return
+		}
+		if r.Pid <= 0 || r.Template == "" || r.Slots < 0 || r.Slots > 64 {
+			t.Fatalf("accepted %+v", r)
+		}
+	})
+}
