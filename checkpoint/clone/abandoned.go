@@ -6,6 +6,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/cube-runtime/cube/shim/procstat"
 )
 
 // LabelForkPending marks a clone while its fork runs: "<op>/<pid>/<start>",
@@ -41,22 +43,8 @@ func pendingValue(op string) (string, error) {
 
 // processStart is pid's start time in clock ticks since boot.
 func processStart(pid int) (uint64, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	// The command (field 2) is in parentheses and may hold spaces.
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: no command field", pid)
-	}
-	f := strings.Fields(s[i+1:])
-	// f[0] is field 3 (state): field 22 is f[19].
-	if len(f) < 20 {
-		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
-	}
-	return strconv.ParseUint(f[19], 10, 64)
+	st, err := procstat.Read(pid)
+	return st.Start, err
 }
 
 // forkAlive says whether the fork that wrote a LabelForkPending value still

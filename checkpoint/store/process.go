@@ -1,13 +1,14 @@
 package store
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/cube-runtime/cube/shim/procstat"
 )
 
 // Process identifies a process across pid reuse and reboots: its pid, its
@@ -60,53 +61,19 @@ func checkProcess(p Process) error {
 	return checkBoot(p.Boot)
 }
 
-// processStat is what liveness needs from /proc/PID/stat.
-type processStat struct {
-	state byte
-	start uint64
-}
-
-// readStat reads /proc/PID/stat; fs.ErrNotExist when there is no such process.
-func readStat(pid int) (processStat, error) {
-	b, err := os.ReadFile(procRoot + "/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return processStat{}, err
-	}
-	return parseStat(b)
-}
-
-// parseStat parses a /proc/PID/stat line: "pid (comm) state ppid …", comm
-// may hold anything, so fields are counted after its last ')'.
-func parseStat(b []byte) (processStat, error) {
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return processStat{}, errors.New("/proc stat: no ')'")
-	}
-	f := strings.Fields(string(b[i+1:]))
-	// f[0] is field 3 (state), so field 22 (starttime) is f[19].
-	if len(f) < 20 || len(f[0]) != 1 {
-		return processStat{}, errors.New("/proc stat: too few fields")
-	}
-	start, err := strconv.ParseUint(f[19], 10, 64)
-	if err != nil {
-		return processStat{}, fmt.Errorf("/proc stat: start time: %w", err)
-	}
-	return processStat{state: f[0][0], start: start}, nil
-}
-
 // processOf identifies the running process pid.
 func processOf(pid int, boot string) (Process, error) {
-	st, err := readStat(pid)
+	st, err := procstat.Read(pid)
 	if errors.Is(err, fs.ErrNotExist) {
 		return Process{}, fmt.Errorf("pid %d: no such process", pid)
 	}
 	if err != nil {
 		return Process{}, fmt.Errorf("pid %d: %w", pid, err)
 	}
-	if st.state == 'Z' || st.state == 'X' {
+	if st.Exited() {
 		return Process{}, fmt.Errorf("pid %d has exited", pid)
 	}
-	return Process{PID: pid, Start: st.start, Boot: boot}, nil
+	return Process{PID: pid, Start: st.Start, Boot: boot}, nil
 }
 
 // alive says whether p still runs: same boot, a process with its pid and
@@ -117,12 +84,12 @@ func (p Process) alive(boot string) bool {
 	if p.Boot != boot {
 		return false
 	}
-	st, err := readStat(p.PID)
+	st, err := procstat.Read(p.PID)
 	if errors.Is(err, fs.ErrNotExist) {
 		return false
 	}
 	if err != nil {
 		return true
 	}
-	return st.start == p.Start && st.state != 'Z' && st.state != 'X'
+	return st.Start == p.Start && !st.Exited()
 }

@@ -28,12 +28,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
+
+	"github.com/cube-runtime/cube/shim/procstat"
 )
 
 const (
@@ -228,31 +229,15 @@ func Alive(pid int, startTime uint64) bool {
 	return err == nil && st == startTime
 }
 
-// StartTime reads a process's start time (clock ticks since boot) from
-// /proc/<pid>/stat; a zombie counts as gone.
+// StartTime is a process's start time (clock ticks since boot, from
+// /proc/<pid>/stat); a zombie counts as gone (errdefs.ErrNotFound).
 func StartTime(pid int) (uint64, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	st, err := procstat.Read(pid)
 	if err != nil {
 		return 0, err
 	}
-	return parseStat(string(b))
-}
-
-// parseStat takes field 22 (starttime) of a /proc/<pid>/stat line. The
-// command (field 2) is in parentheses and may hold spaces and parentheses:
-// the fields after it start after its last ')'.
-func parseStat(s string) (uint64, error) {
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("stat %q: no command field", s)
+	if st.Exited() {
+		return 0, fmt.Errorf("pid %d has exited (state %c): %w", pid, st.State, errdefs.ErrNotFound)
 	}
-	f := strings.Fields(s[i+1:])
-	// f[0] is field 3 (state), so field 22 is f[19].
-	if len(f) < 20 {
-		return 0, fmt.Errorf("stat %q: %d fields after the command", s, len(f))
-	}
-	if f[0] == "Z" || f[0] == "X" {
-		return 0, fmt.Errorf("process has exited (state %s): %w", f[0], errdefs.ErrNotFound)
-	}
-	return strconv.ParseUint(f[19], 10, 64)
+	return st.Start, nil
 }

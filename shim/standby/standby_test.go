@@ -12,31 +12,42 @@ import (
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
+
+	"github.com/cube-runtime/cube/shim/procstat"
 )
 
-func TestParseStat(t *testing.T) {
-	// Field 22 is 8123; the command holds a space and a ')'.
-	line := "4242 (cube vmm) x) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 3 0 8123 1000 10 18446744073709551615"
-	if st, err := parseStat(line); err != nil || st != 8123 {
-		t.Errorf("parseStat = %d, %v; want 8123", st, err)
+// TestStartTimeOfAZombie: an exited process not yet reaped (state Z in
+// /proc/<pid>/stat; the parsing itself is shim/procstat's) has no start
+// time: its standby is gone. A running one has the start time /proc says.
+func TestStartTimeOfAZombie(t *testing.T) {
+	cmd := exec.Command("true")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
 	}
-	zombie := "4242 (cube-vmm) Z 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 3 0 8123 0 0 0"
-	if _, err := parseStat(zombie); !errdefs.IsNotFound(err) {
-		t.Errorf("a zombie: %v, want NotFound", err)
-	}
-	for _, bad := range []string{"", "4242 cube-vmm S 1", "4242 (cube-vmm) S 1 2 3"} {
-		if _, err := parseStat(bad); err == nil {
-			t.Errorf("parseStat(%q) accepted", bad)
+	defer cmd.Wait()
+	pid := cmd.Process.Pid
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		st, err := procstat.Read(pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Exited() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %d did not exit", pid)
 		}
 	}
-}
-
-func FuzzParseStat(f *testing.F) {
-	f.Add("4242 (cube vmm) x) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 3 0 8123 1000 10")
-	f.Add("1 (a) Z")
-	f.Fuzz(func(t *testing.T, s string) {
-		_, _ = parseStat(s) // must not panic
-	})
+	if _, err := StartTime(pid); !errdefs.IsNotFound(err) {
+		t.Errorf("a zombie: %v, want NotFound", err)
+	}
+	if Alive(pid, 0) {
+		t.Error("a zombie is alive")
+	}
+	self, err := procstat.Read(os.Getpid())
+	if st, err2 := StartTime(os.Getpid()); err != nil || err2 != nil || st != self.Start || st == 0 {
+		t.Errorf("this process: %d %v %v", st, err, err2)
+	}
 }
 
 // sleeper starts a process that stands for a standby's VMM.
