@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/cube-runtime/cube/integration/cubetest"
-	"github.com/cube-runtime/cube/shim/standby"
 	"github.com/cube-runtime/cube/shim/template"
 )
 
@@ -104,22 +103,6 @@ func TestTemplatesByDefault(t *testing.T) {
 	if l := keys(); len(l) != 1 || l[0].Key != second {
 		t.Fatalf("templates after rm: %+v", l)
 	}
-}
-
-// standbysOf counts the free standby VMs of a template in d's shim state dir.
-func standbysOf(t *testing.T, d *daemons, templateVM string) int {
-	t.Helper()
-	l, err := standby.List(filepath.Join(d.Dir, "vms"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, s := range l {
-		if s.Record.Template == templateVM {
-			n++
-		}
-	}
-	return n
 }
 
 // TestCRIPodFromTemplate: a host-network CRI pod (no NIC: a template can

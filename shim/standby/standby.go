@@ -145,9 +145,7 @@ func Claim(stateDir, template string) (s Standby, ok bool, err error) {
 		if c.Record.Template != template {
 			continue
 		}
-		// Ordering: the rename is the claim; a claimer that loses it gets
-		// ENOENT and tries the next.
-		if err := os.Rename(filepath.Join(c.Dir, RecordName), filepath.Join(c.Dir, ClaimedName)); err != nil {
+		if !take(c.Dir) {
 			continue
 		}
 		// The VMM may have died between List and the rename.
@@ -158,6 +156,13 @@ func Claim(stateDir, template string) (s Standby, ok bool, err error) {
 		return c, true, nil
 	}
 	return Standby{}, false, nil
+}
+
+// take claims the standby in dir: its record is renamed to claimed.json,
+// which one caller alone can do (the others get ENOENT). false when
+// another took it first.
+func take(dir string) bool {
+	return os.Rename(filepath.Join(dir, RecordName), filepath.Join(dir, ClaimedName)) == nil
 }
 
 // Stop ends free standbys (of template, or all when template is ""): each
@@ -174,7 +179,7 @@ func Stop(stateDir, template string) (int, error) {
 		if template != "" && c.Record.Template != template {
 			continue
 		}
-		if err := os.Rename(filepath.Join(c.Dir, RecordName), filepath.Join(c.Dir, ClaimedName)); err != nil {
+		if !take(c.Dir) {
 			continue // adopted meanwhile
 		}
 		if err := Kill(c.Record.Pid, c.Record.StartTime); err != nil {
