@@ -479,8 +479,9 @@ func (v *ProcessVMM) watchAdopted(fd int, logPath string, done chan struct{}) {
 			break
 		}
 	}
-	if b, err := readTail(logPath, tailSize); err == nil {
-		_, _ = v.tail.Write(b)
+	// Its last words, as the pipe of a child VMM gives them (tail.last).
+	if lines, err := ConsoleTail(logPath, 20); err == nil {
+		_, _ = v.tail.Write([]byte(strings.Join(lines, "\n")))
 	}
 	v.mu.Lock()
 	v.exit = VMExit{Status: 128 + int(unix.SIGKILL), Err: fmt.Errorf("adopted standby vmm exited (its status is not known here; its log: %s)", logPath)}
@@ -488,21 +489,4 @@ func (v *ProcessVMM) watchAdopted(fd int, logPath string, done chan struct{}) {
 	unix.Close(fd)
 	v.mu.Unlock()
 	close(done)
-}
-
-// readTail reads the last n bytes of a file.
-func readTail(path string, n int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	off := max(st.Size()-n, 0)
-	b := make([]byte, st.Size()-off)
-	_, err = f.ReadAt(b, off)
-	return b, err
 }

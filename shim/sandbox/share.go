@@ -36,7 +36,10 @@ const ShareDirName = "fs"
 // GuestShareRoot is where the agent mounts the share in the guest.
 const GuestShareRoot = "/run/cube/shared"
 
-func (s *Sandbox) shareDir() string { return filepath.Join(s.o.Dir, ShareDirName) }
+func (s *Sandbox) shareDir() string { return shareDirIn(s.o.Dir) }
+
+// shareDirIn is the share's directory in the sandbox state dir dir.
+func shareDirIn(dir string) string { return filepath.Join(dir, ShareDirName) }
 
 // prepareShare makes the share's directory before the VMM starts and says
 // whether the VM gets (or, restored, has) the share. A restored snapshot

@@ -116,6 +116,11 @@ func (s *Sandbox) makeStandby() {
 // spawnStandby starts cube-vmm restoring the template into a new standby
 // directory and publishes its record. On error nothing is left.
 func (s *Sandbox) spawnStandby(stateDir string) (dir string, pid int, err error) {
+	// Ordering: before anything is made for a standby that cannot start.
+	bin, err := exec.LookPath(s.o.VMM.(Adopter).VMMBinary())
+	if err != nil {
+		return "", 0, fmt.Errorf("find vmm binary: %w", err)
+	}
 	var id [8]byte
 	_, _ = rand.Read(id[:])
 	dir = filepath.Join(stateDir, standby.DirPrefix+hex.EncodeToString(id[:]))
@@ -132,33 +137,24 @@ func (s *Sandbox) spawnStandby(stateDir string) (dir string, pid int, err error)
 			_ = os.RemoveAll(dir)
 		}
 	}()
-	uses := map[string]string{}
+	// The files a sandbox's state dir has (prepareVM, prepareShare): the
+	// adopting sandbox's state dir becomes this one.
+	cfg := stateFiles(dir)
+	cfg.Template, cfg.DiskUses = s.o.Template, map[string]string{}
 	for i := 0; i < s.o.DiskSlots; i++ {
-		stub := filepath.Join(dir, fmt.Sprintf("slot-%d.img", i))
+		stub := stubPath(dir, i)
 		if err := writeStub(stub); err != nil {
 			return "", 0, err
 		}
-		uses[SlotSerial(i)] = stub
+		cfg.DiskUses[SlotSerial(i)] = stub
 	}
-	cfg := VMConfig{
-		Template: s.o.Template, DiskUses: uses,
-		VsockPath:   filepath.Join(dir, "vsock.sock"),
-		ControlPath: filepath.Join(dir, "control.sock"),
-		ConsolePath: filepath.Join(dir, "console.log"),
-	}
-	// The share's directory, as prepareShare makes it: the adopting
-	// sandbox's share is this one (its state dir becomes this directory).
 	if share, err := snapshotHasShare(s.o.Template); err != nil {
 		return "", 0, err
 	} else if share {
-		if err := os.Mkdir(filepath.Join(dir, ShareDirName), 0o700); err != nil {
+		if err := os.Mkdir(shareDirIn(dir), 0o700); err != nil {
 			return "", 0, err
 		}
-		cfg.Shares = []Share{{Tag: ShareTag, Path: filepath.Join(dir, ShareDirName)}}
-	}
-	bin, err := exec.LookPath(s.o.VMM.(Adopter).VMMBinary())
-	if err != nil {
-		return "", 0, fmt.Errorf("find vmm binary: %w", err)
+		cfg.Shares = []Share{{Tag: ShareTag, Path: shareDirIn(dir)}}
 	}
 	out, err := os.OpenFile(filepath.Join(dir, standby.LogName), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {

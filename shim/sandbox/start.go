@@ -61,7 +61,7 @@ func (s *Sandbox) Start(ctx context.Context, firstImage, firstOwner string) (ret
 	// Health would cost a round trip to the guest before them.
 	agent, err := s.dialAgent(ctx, s.o.Template == "")
 	if err != nil {
-		return fmt.Errorf("sandbox %s: %w (console log: %s)", s.o.ID, err, filepath.Join(s.o.Dir, "console.log"))
+		return fmt.Errorf("sandbox %s: %w (console log: %s)", s.o.ID, err, stateFiles(s.o.Dir).ConsolePath)
 	}
 	steps.Mark("agent")
 	if err := s.readyGuest(ctx, agent, netAtt, steps); err != nil {
@@ -130,7 +130,7 @@ func (s *Sandbox) prepareVM(ctx context.Context, firstImage, firstOwner string, 
 	template := s.o.Template != "" && s.restore == nil
 	uses, sets := map[string]string{}, map[string]string{}
 	for i := 0; i < s.o.DiskSlots; i++ {
-		sl := slot{serial: SlotSerial(i), stub: filepath.Join(s.o.Dir, fmt.Sprintf("slot-%d.img", i))}
+		sl := slot{serial: SlotSerial(i), stub: stubPath(s.o.Dir, i)}
 		if !adopting {
 			if err := writeStub(sl.stub); err != nil {
 				return VMConfig{}, nil, fmt.Errorf("sandbox %s: %w", s.o.ID, err)
@@ -152,15 +152,10 @@ func (s *Sandbox) prepareVM(ctx context.Context, firstImage, firstOwner string, 
 		s.slots = append(s.slots, sl)
 		disks = append(disks, Disk{Serial: sl.serial, Path: path})
 	}
-	cfg := VMConfig{
-		Kernel: s.o.Kernel, Initrd: s.o.Initrd, Cmdline: s.o.Cmdline,
-		MemoryMiB: s.o.MemoryMiB, VCPUs: s.o.VCPUs, HugeTLB: s.o.HugeTLB, Disks: disks,
-		VsockPath:   filepath.Join(s.o.Dir, "vsock.sock"),
-		ControlPath: filepath.Join(s.o.Dir, "control.sock"),
-		ConsolePath: filepath.Join(s.o.Dir, "console.log"),
-		GuestCID:    3,
-		Template:    s.o.Template,
-	}
+	cfg := stateFiles(s.o.Dir)
+	cfg.Kernel, cfg.Initrd, cfg.Cmdline = s.o.Kernel, s.o.Initrd, s.o.Cmdline
+	cfg.MemoryMiB, cfg.VCPUs, cfg.HugeTLB, cfg.Disks = s.o.MemoryMiB, s.o.VCPUs, s.o.HugeTLB, disks
+	cfg.GuestCID, cfg.Template = 3, s.o.Template
 	if r := s.restore; r != nil {
 		cfg.DiskPaths = map[string]string{r.RootfsSerial: r.RootfsImage}
 	}
@@ -240,6 +235,19 @@ func (s *Sandbox) readyGuest(ctx context.Context, agent AgentClient, netAtt *Net
 	}
 	return nil
 }
+
+// stateFiles is a VMConfig with the VMM's sockets and the guest console
+// at their places in the sandbox state dir dir.
+func stateFiles(dir string) VMConfig {
+	return VMConfig{
+		VsockPath:   filepath.Join(dir, "vsock.sock"),
+		ControlPath: filepath.Join(dir, "control.sock"),
+		ConsolePath: filepath.Join(dir, "console.log"),
+	}
+}
+
+// stubPath is the stub of drive slot i in the sandbox state dir dir.
+func stubPath(dir string, i int) string { return filepath.Join(dir, fmt.Sprintf("slot-%d.img", i)) }
 
 func writeStub(path string) error {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o600)
