@@ -138,21 +138,26 @@ func fileHoles(f *os.File, from, to, min int64) ([][2]int64, error) {
 // a fresh anonymous page, where the file mapping would first fill a page
 // cache page with zeros and then copy it.
 func mapAnon(addr uintptr, n int64) error {
-	_, _, e := unix.Syscall6(unix.SYS_MMAP, addr, uintptr(n), unix.PROT_READ|unix.PROT_WRITE,
-		unix.MAP_PRIVATE|unix.MAP_FIXED|unix.MAP_NORESERVE|unix.MAP_ANONYMOUS, ^uintptr(0), 0)
-	if e != 0 {
+	if e := mmapPrivate(addr, n, unix.MAP_ANONYMOUS, ^uintptr(0), 0); e != 0 {
 		return fmt.Errorf("map anonymous memory at %#x+%#x: %w", addr, n, e)
 	}
 	return nil
 }
 
+// mapFixed maps f from off privately over [addr, addr+n).
 func mapFixed(addr uintptr, n int64, f *os.File, off int64) error {
-	_, _, e := unix.Syscall6(unix.SYS_MMAP, addr, uintptr(n), unix.PROT_READ|unix.PROT_WRITE,
-		unix.MAP_PRIVATE|unix.MAP_FIXED|unix.MAP_NORESERVE, f.Fd(), uintptr(off))
-	if e != 0 {
+	if e := mmapPrivate(addr, n, 0, f.Fd(), off); e != 0 {
 		return fmt.Errorf("map %s at offset %#x: %w", f.Name(), off, e)
 	}
 	return nil
+}
+
+// mmapPrivate replaces [addr, addr+n) with a private, read-write,
+// unreserved mapping of fd at off (flags adds MAP_ANONYMOUS, fd then -1).
+func mmapPrivate(addr uintptr, n int64, flags int, fd uintptr, off int64) unix.Errno {
+	_, _, e := unix.Syscall6(unix.SYS_MMAP, addr, uintptr(n), unix.PROT_READ|unix.PROT_WRITE,
+		uintptr(unix.MAP_PRIVATE|unix.MAP_FIXED|unix.MAP_NORESERVE|flags), fd, uintptr(off))
+	return e
 }
 
 // Restore builds a machine from a snapshot: guest memory mapped from the
