@@ -129,6 +129,9 @@ type Sandbox struct {
 
 	// templateNICs are the NIC MACs of the automatic template chooseTemplate picked.
 	templateNICs []string
+	// standbyMade is closed when the standby Start leaves (makeStandby) is
+	// published, or was not made.
+	standbyMade chan struct{}
 }
 
 // RestoreFrom is a checkpoint StartRestore brings back instead of booting:
@@ -504,6 +507,15 @@ func (s *Sandbox) Stop(ctx context.Context) error {
 	s.teardown(false)
 	<-s.done
 	steps.Mark("teardown")
+	// Ordering: a standby still being made when the shim exits after this
+	// Stop would be left half made: a directory, maybe a VMM, no record.
+	s.mu.Lock()
+	made := s.standbyMade
+	s.mu.Unlock()
+	if made != nil {
+		<-made
+		steps.Mark("standby")
+	}
 	s.o.Log.WithFields(logrus.Fields{"sandbox": s.o.ID, "total_ms": MS(steps.Total()), "steps_ms": steps.String()}).Info("sandbox stopped")
 	return nil
 }

@@ -77,8 +77,16 @@ func (s *Sandbox) Start(ctx context.Context, firstImage, firstOwner string) (ret
 	s.o.Log.WithFields(logrus.Fields{"sandbox": s.o.ID, "template": s.o.Template, "standby": adopted, "total_ms": MS(steps.Total()),
 		"steps_ms": steps.String()}).Info("sandbox started")
 	// The next sandbox of this template finds a VM ready. Ordering: after
-	// this one started, and at idle priority, so it takes nothing from it.
-	go s.makeStandby()
+	// this one started, and at idle priority, so it takes nothing from it;
+	// Stop waits for it (standbyMade).
+	made := make(chan struct{})
+	s.mu.Lock()
+	s.standbyMade = made
+	s.mu.Unlock()
+	go func() {
+		defer close(made)
+		s.makeStandby()
+	}()
 	return nil
 }
 
