@@ -83,6 +83,10 @@ type Service struct {
 	containers map[string]*containerEntry
 	disks      map[string]string // mount point → device
 	frozen     map[string]bool
+	// diskNamesMu guards diskNames: disk serial → block device, as the
+	// last scan of SysBlock found them (findDisk).
+	diskNamesMu sync.Mutex
+	diskNames   map[string]diskName
 	// treeMu serializes SyncTree and PrepareVolume.
 	treeMu sync.Mutex
 	// spareMu guards spare: a parked container helper (PrepareSpare).

@@ -32,8 +32,9 @@ func (s *Service) PrepareSpare(ctx context.Context, req *protocol.PrepareSpareRe
 		return &protocol.PrepareSpareResponse{Pid: uint32(s.spare.Pid)}, nil
 	}
 	// The agent decodes the first create's spec too: warm its caches as
-	// the spare warms its own.
+	// the spare warms its own; and it mounts the first container's disk.
 	container.WarmJSON()
+	s.warmDisks()
 	sp, err := container.PrepareSpare(s.cfg.HelperPath, nss, container.Starter[initsys.Exit](s.cfg.Reaper.Start))
 	if err != nil {
 		return nil, toStatus(err, "prepare a spare container helper")
