@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -167,7 +168,11 @@ func TestCRIPodTwoContainersOneVM(t *testing.T) {
 		}
 		mounts, err := c.crictl("exec", "-s", id, "cat", "/proc/mounts")
 		for _, l := range strings.Split(mounts, "\n") {
-			if f := strings.Fields(l); len(f) > 2 && f[1] == "/" {
+			if f := strings.Fields(l); len(f) > 3 && f[1] == "/" {
+				// rootfs_fsync = false (the default): no write barriers.
+				if !slices.Contains(strings.Split(f[3], ","), "nobarrier") {
+					t.Errorf("rootfs of %s mounted without nobarrier (rootfs_fsync defaults to false): %s", name, l)
+				}
 				return f[0]
 			}
 		}
