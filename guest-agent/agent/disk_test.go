@@ -61,12 +61,18 @@ func TestDiskRootfsFreezeThaw(t *testing.T) {
 	sys := t.TempDir()
 	os.MkdirAll(filepath.Join(sys, filepath.Base(dev)), 0o755)
 	os.WriteFile(filepath.Join(sys, filepath.Base(dev), "serial"), []byte("cube-rootfs-1\n"), 0o444)
+	ra := filepath.Join(sys, filepath.Base(dev), "queue", "read_ahead_kb")
+	os.MkdirAll(filepath.Dir(ra), 0o755)
+	os.WriteFile(ra, []byte("128\n"), 0o644)
 	h := newHarness(t, func(c *Config) { c.SysBlock = sys })
 	ctx := context.Background()
 
 	m, err := h.client.MountDisk(ctx, &protocol.MountDiskRequest{Serial: "cube-rootfs-1"})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(ra); err != nil || string(b) != "4096" {
+		t.Errorf("read_ahead_kb of the mounted disk: %q %v, want 4096", b, err)
 	}
 	t.Cleanup(func() { unix.Unmount(m.MountPoint, unix.MNT_DETACH) })
 	if m.Device != dev {

@@ -63,6 +63,7 @@ func (s *Service) MountDisk(ctx context.Context, req *protocol.MountDiskRequest)
 	if err := s.diskFree(mp, dev); err != nil {
 		return nil, err
 	}
+	s.setReadahead(dev)
 	t0 := time.Now()
 	if err := s.settleDisk(ctx, dev, fstype); err != nil {
 		return nil, toStatus(err, "disk %q", req.Serial)
