@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -71,8 +72,8 @@ func TestDiskRootfsFreezeThaw(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b, err := os.ReadFile(ra); err != nil || string(b) != "4096" {
-		t.Errorf("read_ahead_kb of the mounted disk: %q %v, want 4096", b, err)
+	if b, err := os.ReadFile(ra); err != nil || string(b) != strconv.Itoa(mountReadaheadKiB) {
+		t.Errorf("read_ahead_kb of the mounted disk: %q %v, want %d", b, err, mountReadaheadKiB)
 	}
 	t.Cleanup(func() { unix.Unmount(m.MountPoint, unix.MNT_DETACH) })
 	if m.Device != dev {

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -116,22 +115,4 @@ func mknodFromSys(devFile, node string) error {
 		return fmt.Errorf("parse %s: %w", devFile, err)
 	}
 	return unix.Mknod(node, unix.S_IFBLK|0o600, int(unix.Mkdev(maj, min)))
-}
-
-// mountReadaheadKiB is the readahead of a disk MountDisk mounts (a
-// container's rootfs): Linux's default, 128 KiB, made the first exec of a
-// 1 MiB binary a dozen virtio-blk requests, each a round trip through the
-// VMM; starting busybox `true` took 336 ms from the process start to its
-// exit in the test host's guest, 98–111 ms with 4 MiB. The bytes come from
-// the image file in the host's page cache; readahead follows sequential
-// reads (and the pages around a page fault), not random ones.
-const mountReadaheadKiB = 4096
-
-// setReadahead sets the readahead of block device dev (a node in DevDir);
-// a failure is logged and costs only speed.
-func (s *Service) setReadahead(dev string) {
-	p := filepath.Join(s.cfg.SysBlock, filepath.Base(dev), "queue", "read_ahead_kb")
-	if err := os.WriteFile(p, []byte(strconv.Itoa(mountReadaheadKiB)), 0o644); err != nil {
-		s.log.WithError(err).WithField("device", dev).Debug("readahead not set")
-	}
 }

@@ -400,7 +400,7 @@ type MountDiskResponse struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	MountPoint string                 `protobuf:"bytes,1,opt,name=mount_point,json=mountPoint,proto3" json:"mount_point,omitempty"`
 	Device     string                 `protobuf:"bytes,2,opt,name=device,proto3" json:"device,omitempty"`
-	// What the mount took in the guest ("find=… settle=… mount=…", ms), for the
+	// What the mount took in the guest ("find=… settle=… mount=… readahead=…", ms), for the
 	// host's log: the guest's console costs a VM exit per byte.
 	Timing        string `protobuf:"bytes,3,opt,name=timing,proto3" json:"timing,omitempty"`
 	unknownFields protoimpl.UnknownFields

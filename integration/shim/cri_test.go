@@ -173,6 +173,11 @@ func TestCRIPodTwoContainersOneVM(t *testing.T) {
 				if !slices.Contains(strings.Split(f[3], ","), "nobarrier") {
 					t.Errorf("rootfs of %s mounted without nobarrier (rootfs_fsync defaults to false): %s", name, l)
 				}
+				// MountDisk's readahead (guest-agent/agent/diskreadahead.go).
+				ra, err := c.crictl("exec", "-s", id, "cat", "/sys/block/"+filepath.Base(f[0])+"/queue/read_ahead_kb")
+				if err != nil || strings.TrimSpace(ra) != "2048" {
+					t.Errorf("readahead of %s's rootfs disk %s: %q %v, want 2048", name, f[0], ra, err)
+				}
 				return f[0]
 			}
 		}

@@ -41,7 +41,7 @@ type ExecProcessRequest struct {
 }
 
 // MountedDisk is what MountDisk answers: the guest mount point and what the
-// mount took in the guest ("find=… settle=… mount=…", ms; empty from an older
+// mount took in the guest ("find=… settle=… mount=… readahead=…", ms; empty from an older
 // agent), which the shim logs: the guest's own log lines cost a VM exit
 // per byte of its serial console.
 type MountedDisk struct {
