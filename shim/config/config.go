@@ -99,12 +99,6 @@ type Config struct {
 	// sandbox fails to start; memory_mib must be even. Restores (templates) map their snapshot with small
 	// pages whatever this says.
 	HugeTLB bool `toml:"hugetlb"`
-	// RootfsFsync: when true, a flush the guest sends a container's rootfs disk (an fsync in the
-	// container, an ext4 journal commit, the sync when the sandbox stops) is an fsync of its image file
-	// on the host. False (the default) mounts rootfs disks with barrier=0: writes reach the image file
-	// (the host's page cache) at once and outlive the VM, but a host crash can lose what the host had
-	// not written back yet; Firecracker's default cache mode (Unsafe). Volumes are not affected.
-	RootfsFsync bool `toml:"rootfs_fsync"`
 }
 
 // Default returns a Config holding every default.

@@ -73,11 +73,6 @@ type Options struct {
 	// HugeTLB boots the VM with its memory from the hugetlb pool (cube-vmm
 	// -hugetlb); a restore ignores it.
 	HugeTLB bool
-	// RootfsFsync keeps ext4's write barriers on container rootfs disks:
-	// every flush the guest issues (an fsync, a journal commit) is an
-	// fsync of the image file on the host. Off (the shim config's
-	// rootfs_fsync = false), rootfs disks are mounted barrier=0 (mountRootfs).
-	RootfsFsync bool
 	// Template, when set, is the snapshot the VM is restored from (the
 	// shim config's `template`); else TemplateFor may name one at Start.
 	Template string
@@ -306,29 +301,14 @@ func (s *Sandbox) teardown(unexpected bool) {
 	close(s.done)
 }
 
-// rootfsMountOptions are the ext4 options of a container rootfs disk.
-//   - noinit_itable: no ext4lazyinit thread zeroing the image's lazily
-//     initialized inode tables (mkfs -E lazy_itable_init=1) behind the
-//     container's back: CPU the guest needs, and writes that unshare the
-//     image's reflinked blocks.
-//   - barrier=0 unless fsync: ext4 sends the disk no flushes, so cube-vmm
-//     fsyncs nothing. What the guest writes still reaches the image file (the
-//     host's page cache) at once and outlives the VM; a host crash can lose
-//     what the host had not yet written back, as with Firecracker's default
-//     cache mode (Unsafe) and, for writes nobody fsyncs, with runc's overlay
-//     upper directories. In the test host the flushes of the mount and of
-//     the sync at stop cost about 170 ms of a `ctr run --rm … true`.
-func rootfsMountOptions(fsync bool) []string {
-	if fsync {
-		return []string{"noinit_itable"}
-	}
-	return []string{"noinit_itable", "barrier=0"}
-}
-
 // mountRootfs mounts the rootfs disk in slot serial in the guest and logs
 // "rootfs attached" with steps (which may hold earlier steps of the attach).
 func (s *Sandbox) mountRootfs(ctx context.Context, agent AgentClient, containerID, serial string, steps *Steps) (string, error) {
-	md, err := agent.MountDisk(ctx, MountDiskRequest{Serial: serial, FSType: "ext4", Options: rootfsMountOptions(s.o.RootfsFsync)})
+	// noinit_itable: no ext4lazyinit thread zeroing the image's lazily
+	// initialized inode tables (mkfs -E lazy_itable_init=1) behind the
+	// container's back: CPU the guest needs, and writes that unshare the
+	// image's reflinked blocks.
+	md, err := agent.MountDisk(ctx, MountDiskRequest{Serial: serial, FSType: "ext4", Options: []string{"noinit_itable"}})
 	steps.Mark("mount")
 	s.o.Log.WithFields(logrus.Fields{"container": containerID, "serial": serial, "steps_ms": steps.String(),
 		"guest_ms": md.Timing}).Info("rootfs attached")

@@ -164,7 +164,7 @@ func ProcessSandboxFactory(ns string, log *logrus.Entry) SandboxFactory {
 			Template: cfg.Template, TemplateFor: templateFor(cfg, to, log.WithField("sandbox", id)), BootTimeout: to.Boot,
 			VMM: vmm, Dial: sandbox.DialAgentTimeout(to.Agent), Cgroup: cg, Log: log.WithField("sandbox", id),
 			Network: network, BlockClaimDir: filepath.Join(cfg.StateDir, sandbox.BlockClaimDirName),
-			Standby: cfg.Standby, RootfsFsync: cfg.RootfsFsync,
+			Standby: cfg.Standby,
 		})
 	}
 }

@@ -28,8 +28,7 @@ import (
 type Agent struct {
 	mu         sync.Mutex
 	containers map[string]*container
-	mounts     map[string]string   // mount point -> serial
-	mountOpts  map[string][]string // serial -> options of its last MountDisk
+	mounts     map[string]string // mount point -> serial
 	disks      func(serial string) (string, bool)
 	nextPid    uint32
 	dead       chan struct{}
@@ -215,18 +214,7 @@ func (a *Agent) mountDisk(req sandbox.MountDiskRequest) (string, error) {
 		return "", fmt.Errorf("%s is already mounted", mp)
 	}
 	a.mounts[mp] = req.Serial
-	if a.mountOpts == nil {
-		a.mountOpts = map[string][]string{}
-	}
-	a.mountOpts[req.Serial] = append([]string(nil), req.Options...)
 	return mp, nil
-}
-
-// MountOptions returns the options of serial's last MountDisk.
-func (a *Agent) MountOptions(serial string) []string {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return append([]string(nil), a.mountOpts[serial]...)
 }
 
 func (a *Agent) UnmountDisk(ctx context.Context, mp string) error {
