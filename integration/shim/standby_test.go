@@ -24,22 +24,7 @@ func TestStandbyVMs(t *testing.T) {
 	d := startDaemons(t)
 	tdir := filepath.Join(d.Dir, "templates-standby")
 	stateDir := filepath.Join(d.Dir, "vms")
-	conf := filepath.Join(d.Dir, "shim-standby.toml")
-	body := fmt.Sprintf(cubetest.ShimConfig, cubetest.CubeVMM, cubetest.GuestKernel, cubetest.GuestInitrd, d.Dir) +
-		fmt.Sprintf("template_dir = %q\nstandby = true\n", tdir)
-	if err := os.WriteFile(conf, []byte(body), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	run := func(id string) string {
-		t.Helper()
-		from := d.LogSize()
-		args := append(append([]string{"run", "--rm", "--runtime-config-path", conf}, cubetest.CubeRuntime.Args...), cubetest.ImageRef, id, "echo", "hello-"+id)
-		out, rc, err := d.Ctr(args...)
-		if err != nil || rc != 0 || !strings.Contains(out, "hello-"+id) {
-			t.Fatalf("ctr run %s: rc %d %v\n%s\nshim log:\n%s", id, rc, err, out, cubetest.GrepLines(d.LogFrom(from), "standby"))
-		}
-		return d.LogFrom(from)
-	}
+	conf := d.shimConfWith(t, "shim-standby.toml", cubetest.GuestInitrd, fmt.Sprintf("template_dir = %q\nstandby = true\n", tdir))
 	// free waits for the one free standby the last run left (it is
 	// published just after that sandbox started).
 	free := func() standby.Standby {
@@ -60,13 +45,13 @@ func TestStandbyVMs(t *testing.T) {
 		return l[0]
 	}
 
-	log1 := run("stb1")
+	log1 := d.runEcho(t, conf, "stb1")
 	if !strings.Contains(log1, cubetest.LogRestoring) || !strings.Contains(log1, cubetest.LogStandbyStarted) || strings.Contains(log1, cubetest.LogAdopted) {
 		t.Fatalf("first run: want a restore from the template and a standby left for the next; shim log:\n%s", cubetest.GrepLines(log1, "standby"))
 	}
 	left1 := free()
 
-	log2 := run("stb2")
+	log2 := d.runEcho(t, conf, "stb2")
 	if !strings.Contains(log2, cubetest.LogAdopted) || !strings.Contains(log2, "standby="+left1.Dir) {
 		t.Fatalf("second run: want the standby %s adopted; shim log:\n%s", left1.Dir, cubetest.GrepLines(log2, "standby"))
 	}
@@ -79,12 +64,8 @@ func TestStandbyVMs(t *testing.T) {
 	if err := syscall.Kill(left2.Record.Pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); standby.Alive(left2.Record.Pid, left2.Record.StartTime); time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("standby vmm pid %d still alive after SIGKILL", left2.Record.Pid)
-		}
-	}
-	log3 := run("stb3")
+	waitGone(t, left2, "after SIGKILL")
+	log3 := d.runEcho(t, conf, "stb3")
 	if strings.Contains(log3, cubetest.LogAdopted) || !strings.Contains(log3, cubetest.LogRestoring) {
 		t.Fatalf("third run: want a restore of its own past the dead standby; shim log:\n%s", cubetest.GrepLines(log3, "standby"))
 	}
@@ -107,9 +88,16 @@ func TestStandbyVMs(t *testing.T) {
 	if l, err := standby.List(stateDir); err != nil || len(l) != 0 {
 		t.Errorf("standbys after rm: %+v, %v", l, err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); standby.Alive(left3.Record.Pid, left3.Record.StartTime); time.Sleep(50 * time.Millisecond) {
+	waitGone(t, left3, "after its template was removed")
+}
+
+// waitGone waits up to 10 s for the VMM of standby s to be gone (why: when
+// it should have gone) and fails t if it still runs.
+func waitGone(t *testing.T, s standby.Standby, why string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); standby.Alive(s.Record.Pid, s.Record.StartTime); time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the removed template's standby vmm pid %d still runs", left3.Record.Pid)
+			t.Fatalf("standby vmm pid %d still runs %s", s.Record.Pid, why)
 		}
 	}
 }

@@ -21,21 +21,7 @@ import (
 func TestTemplatesByDefault(t *testing.T) {
 	d := startDaemons(t)
 	tdir := filepath.Join(d.Dir, "templates")
-	base := fmt.Sprintf(cubetest.ShimConfig, cubetest.CubeVMM, cubetest.GuestKernel, cubetest.GuestInitrd, d.Dir) + fmt.Sprintf("template_dir = %q\n", tdir)
-	conf := filepath.Join(d.Dir, "shim-tmpl.toml")
-	if err := os.WriteFile(conf, []byte(base), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	run := func(conf, id string) string {
-		t.Helper()
-		from := d.LogSize()
-		args := append(append([]string{"run", "--rm", "--runtime-config-path", conf}, cubetest.CubeRuntime.Args...), cubetest.ImageRef, id, "echo", "hello-"+id)
-		out, rc, err := d.Ctr(args...)
-		if err != nil || rc != 0 || !strings.Contains(out, "hello-"+id) {
-			t.Fatalf("ctr run %s: rc %d %v\n%s", id, rc, err, out)
-		}
-		return d.LogFrom(from)
-	}
+	conf := d.shimConfWith(t, "shim-tmpl.toml", cubetest.GuestInitrd, fmt.Sprintf("template_dir = %q\n", tdir))
 	keys := func() []template.Info {
 		t.Helper()
 		l, err := template.List(tdir)
@@ -46,7 +32,7 @@ func TestTemplatesByDefault(t *testing.T) {
 	}
 
 	// First use: made, then restored from.
-	log1 := run(conf, "tmpl1")
+	log1 := d.runEcho(t, conf, "tmpl1")
 	if strings.Count(log1, cubetest.LogTemplateMade) != 1 || !strings.Contains(log1, cubetest.LogRestoring) {
 		t.Fatalf("first run: want one %q and %q in the shim log; got:\n%s", cubetest.LogTemplateMade, cubetest.LogRestoring, cubetest.GrepLines(log1, "template"))
 	}
@@ -57,7 +43,7 @@ func TestTemplatesByDefault(t *testing.T) {
 	first := l[0]
 
 	// Second use: the same template, not made again.
-	log2 := run(conf, "tmpl2")
+	log2 := d.runEcho(t, conf, "tmpl2")
 	if strings.Contains(log2, cubetest.LogTemplateMade) || !strings.Contains(log2, cubetest.LogRestoring) || strings.Contains(log2, cubetest.LogNoTemplate) {
 		t.Fatalf("second run: want the template reused; shim log:\n%s", cubetest.GrepLines(log2, "template"))
 	}
@@ -77,12 +63,8 @@ func TestTemplatesByDefault(t *testing.T) {
 	if err := os.WriteFile(initrd2, append(img, make([]byte, 512)...), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	conf2 := filepath.Join(d.Dir, "shim-tmpl2.toml")
-	body2 := fmt.Sprintf(cubetest.ShimConfig, cubetest.CubeVMM, cubetest.GuestKernel, initrd2, d.Dir) + fmt.Sprintf("template_dir = %q\n", tdir)
-	if err := os.WriteFile(conf2, []byte(body2), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	log3 := run(conf2, "tmpl3")
+	conf2 := d.shimConfWith(t, "shim-tmpl2.toml", initrd2, fmt.Sprintf("template_dir = %q\n", tdir))
+	log3 := d.runEcho(t, conf2, "tmpl3")
 	if strings.Count(log3, cubetest.LogTemplateMade) != 1 || !strings.Contains(log3, cubetest.LogRestoring) {
 		t.Fatalf("run with a new initrd: want the template made again; shim log:\n%s", cubetest.GrepLines(log3, "template"))
 	}
@@ -236,3 +218,30 @@ const coldHandler = `
   [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.cube-cold.options]
     ConfigPath = "` + coldShimConfig + `"
 `
+
+// shimConfWith writes the shim config StartDaemons writes, with initrd as the
+// guest initrd and the TOML lines extra appended, to d.Dir/name, and returns
+// its path (for `ctr run --runtime-config-path`).
+func (d *daemons) shimConfWith(t *testing.T, name, initrd, extra string) string {
+	t.Helper()
+	conf := filepath.Join(d.Dir, name)
+	body := fmt.Sprintf(cubetest.ShimConfig, cubetest.CubeVMM, cubetest.GuestKernel, initrd, d.Dir) + extra
+	if err := os.WriteFile(conf, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return conf
+}
+
+// runEcho runs `ctr run --rm … ID echo hello-ID` with the shim config conf
+// and returns containerd's log of the run (the shim's lines in it); it fails t
+// unless the greeting came back, showing the log lines that name the run.
+func (d *daemons) runEcho(t *testing.T, conf, id string) string {
+	t.Helper()
+	from := d.LogSize()
+	args := append(append([]string{"run", "--rm", "--runtime-config-path", conf}, cubetest.CubeRuntime.Args...), cubetest.ImageRef, id, "echo", "hello-"+id)
+	out, rc, err := d.Ctr(args...)
+	if err != nil || rc != 0 || !strings.Contains(out, "hello-"+id) {
+		t.Fatalf("ctr run %s: rc %d %v\n%s\nshim log:\n%s", id, rc, err, out, cubetest.GrepLines(d.LogFrom(from), id))
+	}
+	return d.LogFrom(from)
+}
