@@ -34,7 +34,7 @@ func startProcs(t *testing.T, w *world) {
 		t.Fatal(err)
 	}
 	for _, eid := range []string{"", "e1"} {
-		if _, err := w.agent.Start(ctx, "c1", eid); err != nil {
+		if _, _, err := w.agent.Start(ctx, "c1", eid); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -633,6 +633,43 @@ func TestClockAndRandom(t *testing.T) {
 	}
 }
 
+// Freshen checks both fields before it changes anything, steps the clock,
+// reseeds, and mounts when asked; a failed mount leaves the clock and RNG
+// freshened (TestFreshenMountsDisk mounts a real disk).
+func TestFreshen(t *testing.T) {
+	var got time.Time
+	h := newHarness(t, func(c *Config) {
+		c.SetClock = func(t time.Time) error { got = t; return nil } // never the host's clock
+		c.SysBlock = t.TempDir()                                     // no disks
+	})
+	ctx := context.Background()
+	want := time.Unix(1_800_000_000, 7)
+	_, err := h.client.Freshen(ctx, &protocol.FreshenRequest{UnixNano: want.UnixNano(), Entropy: []byte("short")})
+	wantCode(t, err, codes.InvalidArgument, "entropy is 5 bytes")
+	if !got.IsZero() {
+		t.Fatalf("a refused Freshen set the clock to %v", got)
+	}
+	_, err = h.client.Freshen(ctx, &protocol.FreshenRequest{Entropy: make([]byte, 32)})
+	wantCode(t, err, codes.InvalidArgument, "not after the epoch")
+	if os.Geteuid() != 0 {
+		t.Skip("RNDADDENTROPY needs CAP_SYS_ADMIN (root)")
+	}
+	r, err := h.client.Freshen(ctx, &protocol.FreshenRequest{UnixNano: want.UnixNano(), Entropy: bytes.Repeat([]byte{0x5a}, 64)})
+	if err != nil || r.Mount != nil || !got.Equal(want) {
+		t.Fatalf("Freshen: %v %v, clock %v; want no mount, clock %v", r, err, got, want)
+	}
+	got = time.Time{}
+	_, err = h.client.Freshen(ctx, &protocol.FreshenRequest{UnixNano: want.UnixNano(), Entropy: make([]byte, 16),
+		Mount: &protocol.MountDiskRequest{Serial: "cube-no-such-disk"}})
+	wantCode(t, err, codes.NotFound, "cube-no-such-disk")
+	if !got.Equal(want) {
+		t.Errorf("clock after a Freshen whose mount failed: %v, want %v", got, want)
+	}
+	if hr, err := h.client.Health(ctx, &protocol.HealthRequest{}); err != nil || hr.RngReseeds != 2 {
+		t.Fatalf("health after two Freshens: %v %v, want rng_reseeds 2", hr, err)
+	}
+}
+
 func TestVersionAndHealth(t *testing.T) {
 	h := newHarness(t, nil)
 	v, err := h.client.Version(context.Background(), &protocol.VersionRequest{})

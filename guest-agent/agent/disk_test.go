@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cube-runtime/cube/guest-agent/protocol"
 	"golang.org/x/sys/unix"
@@ -116,5 +117,46 @@ func TestDiskRootfsFreezeThaw(t *testing.T) {
 	}
 	if _, err := h.client.UnmountDisk(ctx, &protocol.UnmountDiskRequest{MountPoint: m.MountPoint}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Freshen's mount is MountDisk's: found by serial, mounted, readahead set.
+func TestFreshenMountsDisk(t *testing.T) {
+	needRoot(t)
+	for _, tool := range []string{"mkfs.ext4", "losetup"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("needs %s (e2fsprogs, util-linux) to build a test disk", tool)
+		}
+	}
+	img := filepath.Join(t.TempDir(), "rootfs.ext4")
+	run(t, "mkfs.ext4", "-q", "-F", "-d", makeRootfs(t), img, "64M")
+	dev := strings.TrimSpace(run(t, "losetup", "-f", "--show", img))
+	t.Cleanup(func() { run(t, "losetup", "-d", dev) })
+	sys := t.TempDir()
+	ra := filepath.Join(sys, filepath.Base(dev), "queue", "read_ahead_kb")
+	os.MkdirAll(filepath.Dir(ra), 0o755)
+	os.WriteFile(filepath.Join(sys, filepath.Base(dev), "serial"), []byte("cube-rootfs-2\n"), 0o444)
+	os.WriteFile(ra, []byte("128\n"), 0o644)
+	var clock time.Time
+	h := newHarness(t, func(c *Config) {
+		c.SysBlock = sys
+		c.SetClock = func(t time.Time) error { clock = t; return nil }
+	})
+	now := time.Now()
+	r, err := h.client.Freshen(context.Background(), &protocol.FreshenRequest{UnixNano: now.UnixNano(), Entropy: make([]byte, 64),
+		Mount: &protocol.MountDiskRequest{Serial: "cube-rootfs-2", Options: []string{"noinit_itable"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := r.GetMount()
+	t.Cleanup(func() { unix.Unmount(m.GetMountPoint(), unix.MNT_DETACH) })
+	if m.GetDevice() != dev || !strings.Contains(m.GetTiming(), "mount=") || !clock.Equal(now) {
+		t.Fatalf("Freshen mount %+v, clock %v: want %s mounted with its timing, clock %v", m, clock, dev, now)
+	}
+	if b, err := os.ReadFile(ra); err != nil || string(b) != strconv.Itoa(mountReadaheadKiB) {
+		t.Errorf("read_ahead_kb: %q %v, want %d", b, err, mountReadaheadKiB)
+	}
+	if _, err := os.Stat(filepath.Join(m.GetMountPoint(), "bin")); err != nil {
+		t.Errorf("the rootfs is not at %s: %v", m.GetMountPoint(), err)
 	}
 }

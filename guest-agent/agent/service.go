@@ -368,10 +368,11 @@ func (s *Service) Start(ctx context.Context, req *protocol.StartRequest) (*proto
 	if err != nil {
 		return nil, err
 	}
+	t := time.Now()
 	if err := p.start(); err != nil {
 		return nil, err
 	}
-	return &protocol.StartResponse{Pid: uint32(p.pid)}, nil
+	return &protocol.StartResponse{Pid: uint32(p.pid), Timing: fmt.Sprintf("exec=%.1f", ms(time.Since(t)))}, nil
 }
 
 func (s *Service) Signal(ctx context.Context, req *protocol.SignalRequest) (*protocol.Empty, error) {

@@ -222,6 +222,34 @@ func (s *Service) ReseedRandom(ctx context.Context, req *protocol.ReseedRandomRe
 	return &protocol.Empty{}, nil
 }
 
+// Freshen is SetTime, ReseedRandom and, when asked, MountDisk in one call:
+// the first call of a guest restored from a snapshot (see the protocol).
+// Ordering: both fields are checked before the clock moves, so a bad
+// request changes nothing; the clock is stepped before the mount, so the
+// file system records the real mount time.
+func (s *Service) Freshen(ctx context.Context, req *protocol.FreshenRequest) (*protocol.FreshenResponse, error) {
+	if req.UnixNano <= 0 {
+		return nil, errInvalid("freshen: time %d is not after the epoch", req.UnixNano)
+	}
+	if n := len(req.Entropy); n < 16 || n > 4096 {
+		return nil, errInvalid("freshen: entropy is %d bytes, want 16..4096", n)
+	}
+	if _, err := s.SetTime(ctx, &protocol.SetTimeRequest{UnixNano: req.UnixNano}); err != nil {
+		return nil, err
+	}
+	if _, err := s.ReseedRandom(ctx, &protocol.ReseedRandomRequest{Entropy: req.Entropy}); err != nil {
+		return nil, err
+	}
+	if req.Mount == nil {
+		return &protocol.FreshenResponse{}, nil
+	}
+	m, err := s.MountDisk(ctx, req.Mount)
+	if err != nil {
+		return nil, err
+	}
+	return &protocol.FreshenResponse{Mount: m}, nil
+}
+
 // addEntropy mixes data into the input pool (credited when credit) with
 // RNDADDENTROPY, then forces the CRNG to reseed from it (RNDRESEEDCRNG):
 // without the reseed, the CRNG keeps producing its pre-snapshot stream

@@ -75,7 +75,7 @@ func (x TreeEntry_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TreeEntry_Kind.Descriptor instead.
 func (TreeEntry_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{58, 0}
+	return file_agent_proto_rawDescGZIP(), []int{60, 0}
 }
 
 type Empty struct {
@@ -1082,8 +1082,11 @@ func (x *StartRequest) GetExecId() string {
 }
 
 type StartResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Pid           uint32                 `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Pid   uint32                 `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	// What the start took in the guest ("exec=…", ms: from letting the
+	// helper go to its execve), for the host's log.
+	Timing        string `protobuf:"bytes,2,opt,name=timing,proto3" json:"timing,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1123,6 +1126,13 @@ func (x *StartResponse) GetPid() uint32 {
 		return x.Pid
 	}
 	return 0
+}
+
+func (x *StartResponse) GetTiming() string {
+	if x != nil {
+		return x.Timing
+	}
+	return ""
 }
 
 type SignalRequest struct {
@@ -2215,6 +2225,110 @@ func (x *ReseedRandomRequest) GetEntropy() []byte {
 	return nil
 }
 
+type FreshenRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	UnixNano      int64                  `protobuf:"varint,1,opt,name=unix_nano,json=unixNano,proto3" json:"unix_nano,omitempty"` // as SetTimeRequest
+	Entropy       []byte                 `protobuf:"bytes,2,opt,name=entropy,proto3" json:"entropy,omitempty"`                    // as ReseedRandomRequest
+	Mount         *MountDiskRequest      `protobuf:"bytes,3,opt,name=mount,proto3" json:"mount,omitempty"`                        // optional
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FreshenRequest) Reset() {
+	*x = FreshenRequest{}
+	mi := &file_agent_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FreshenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FreshenRequest) ProtoMessage() {}
+
+func (x *FreshenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FreshenRequest.ProtoReflect.Descriptor instead.
+func (*FreshenRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *FreshenRequest) GetUnixNano() int64 {
+	if x != nil {
+		return x.UnixNano
+	}
+	return 0
+}
+
+func (x *FreshenRequest) GetEntropy() []byte {
+	if x != nil {
+		return x.Entropy
+	}
+	return nil
+}
+
+func (x *FreshenRequest) GetMount() *MountDiskRequest {
+	if x != nil {
+		return x.Mount
+	}
+	return nil
+}
+
+type FreshenResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Mount         *MountDiskResponse     `protobuf:"bytes,1,opt,name=mount,proto3" json:"mount,omitempty"` // when the request had one
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FreshenResponse) Reset() {
+	*x = FreshenResponse{}
+	mi := &file_agent_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FreshenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FreshenResponse) ProtoMessage() {}
+
+func (x *FreshenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FreshenResponse.ProtoReflect.Descriptor instead.
+func (*FreshenResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *FreshenResponse) GetMount() *MountDiskResponse {
+	if x != nil {
+		return x.Mount
+	}
+	return nil
+}
+
 type ReadFileRequest struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	ContainerId string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
@@ -2228,7 +2342,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_agent_proto_msgTypes[39]
+	mi := &file_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2240,7 +2354,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[39]
+	mi := &file_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2253,7 +2367,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{39}
+	return file_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ReadFileRequest) GetContainerId() string {
@@ -2296,7 +2410,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_agent_proto_msgTypes[40]
+	mi := &file_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2308,7 +2422,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[40]
+	mi := &file_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2321,7 +2435,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{40}
+	return file_agent_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ReadFileResponse) GetData() []byte {
@@ -2371,7 +2485,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_agent_proto_msgTypes[41]
+	mi := &file_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2383,7 +2497,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[41]
+	mi := &file_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2396,7 +2510,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{41}
+	return file_agent_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *WriteFileRequest) GetContainerId() string {
@@ -2464,7 +2578,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_agent_proto_msgTypes[42]
+	mi := &file_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2476,7 +2590,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[42]
+	mi := &file_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2489,7 +2603,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{42}
+	return file_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *WriteFileResponse) GetSize() int64 {
@@ -2520,7 +2634,7 @@ type FileStat struct {
 
 func (x *FileStat) Reset() {
 	*x = FileStat{}
-	mi := &file_agent_proto_msgTypes[43]
+	mi := &file_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2532,7 +2646,7 @@ func (x *FileStat) String() string {
 func (*FileStat) ProtoMessage() {}
 
 func (x *FileStat) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[43]
+	mi := &file_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2545,7 +2659,7 @@ func (x *FileStat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileStat.ProtoReflect.Descriptor instead.
 func (*FileStat) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{43}
+	return file_agent_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *FileStat) GetName() []byte {
@@ -2614,7 +2728,7 @@ type StatFileRequest struct {
 
 func (x *StatFileRequest) Reset() {
 	*x = StatFileRequest{}
-	mi := &file_agent_proto_msgTypes[44]
+	mi := &file_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2626,7 +2740,7 @@ func (x *StatFileRequest) String() string {
 func (*StatFileRequest) ProtoMessage() {}
 
 func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[44]
+	mi := &file_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2639,7 +2753,7 @@ func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFileRequest.ProtoReflect.Descriptor instead.
 func (*StatFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{44}
+	return file_agent_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *StatFileRequest) GetContainerId() string {
@@ -2665,7 +2779,7 @@ type StatFileResponse struct {
 
 func (x *StatFileResponse) Reset() {
 	*x = StatFileResponse{}
-	mi := &file_agent_proto_msgTypes[45]
+	mi := &file_agent_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2677,7 +2791,7 @@ func (x *StatFileResponse) String() string {
 func (*StatFileResponse) ProtoMessage() {}
 
 func (x *StatFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[45]
+	mi := &file_agent_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2690,7 +2804,7 @@ func (x *StatFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFileResponse.ProtoReflect.Descriptor instead.
 func (*StatFileResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{45}
+	return file_agent_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *StatFileResponse) GetStat() *FileStat {
@@ -2714,7 +2828,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_agent_proto_msgTypes[46]
+	mi := &file_agent_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2726,7 +2840,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[46]
+	mi := &file_agent_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2739,7 +2853,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{46}
+	return file_agent_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListDirRequest) GetContainerId() string {
@@ -2781,7 +2895,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_agent_proto_msgTypes[47]
+	mi := &file_agent_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2793,7 +2907,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[47]
+	mi := &file_agent_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2806,7 +2920,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{47}
+	return file_agent_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileStat {
@@ -2834,7 +2948,7 @@ type RemoveFileRequest struct {
 
 func (x *RemoveFileRequest) Reset() {
 	*x = RemoveFileRequest{}
-	mi := &file_agent_proto_msgTypes[48]
+	mi := &file_agent_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2846,7 +2960,7 @@ func (x *RemoveFileRequest) String() string {
 func (*RemoveFileRequest) ProtoMessage() {}
 
 func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[48]
+	mi := &file_agent_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2859,7 +2973,7 @@ func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveFileRequest.ProtoReflect.Descriptor instead.
 func (*RemoveFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{48}
+	return file_agent_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RemoveFileRequest) GetContainerId() string {
@@ -2895,7 +3009,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_agent_proto_msgTypes[49]
+	mi := &file_agent_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2907,7 +3021,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[49]
+	mi := &file_agent_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2920,7 +3034,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{49}
+	return file_agent_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *MakeDirRequest) GetContainerId() string {
@@ -2954,7 +3068,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_agent_proto_msgTypes[50]
+	mi := &file_agent_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2966,7 +3080,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[50]
+	mi := &file_agent_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2979,7 +3093,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{50}
+	return file_agent_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *MakeDirResponse) GetCreated() bool {
@@ -2997,7 +3111,7 @@ type PowerOffRequest struct {
 
 func (x *PowerOffRequest) Reset() {
 	*x = PowerOffRequest{}
-	mi := &file_agent_proto_msgTypes[51]
+	mi := &file_agent_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3009,7 +3123,7 @@ func (x *PowerOffRequest) String() string {
 func (*PowerOffRequest) ProtoMessage() {}
 
 func (x *PowerOffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[51]
+	mi := &file_agent_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3022,7 +3136,7 @@ func (x *PowerOffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerOffRequest.ProtoReflect.Descriptor instead.
 func (*PowerOffRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{51}
+	return file_agent_proto_rawDescGZIP(), []int{53}
 }
 
 // ConfigureNetworkRequest is the guest's whole network configuration.
@@ -3037,7 +3151,7 @@ type ConfigureNetworkRequest struct {
 
 func (x *ConfigureNetworkRequest) Reset() {
 	*x = ConfigureNetworkRequest{}
-	mi := &file_agent_proto_msgTypes[52]
+	mi := &file_agent_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3049,7 +3163,7 @@ func (x *ConfigureNetworkRequest) String() string {
 func (*ConfigureNetworkRequest) ProtoMessage() {}
 
 func (x *ConfigureNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[52]
+	mi := &file_agent_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3062,7 +3176,7 @@ func (x *ConfigureNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureNetworkRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{52}
+	return file_agent_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ConfigureNetworkRequest) GetInterfaces() []*NetInterface {
@@ -3105,7 +3219,7 @@ type NetInterface struct {
 
 func (x *NetInterface) Reset() {
 	*x = NetInterface{}
-	mi := &file_agent_proto_msgTypes[53]
+	mi := &file_agent_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3117,7 +3231,7 @@ func (x *NetInterface) String() string {
 func (*NetInterface) ProtoMessage() {}
 
 func (x *NetInterface) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[53]
+	mi := &file_agent_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3130,7 +3244,7 @@ func (x *NetInterface) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetInterface.ProtoReflect.Descriptor instead.
 func (*NetInterface) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{53}
+	return file_agent_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *NetInterface) GetMac() string {
@@ -3188,7 +3302,7 @@ type NetRoute struct {
 
 func (x *NetRoute) Reset() {
 	*x = NetRoute{}
-	mi := &file_agent_proto_msgTypes[54]
+	mi := &file_agent_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3200,7 +3314,7 @@ func (x *NetRoute) String() string {
 func (*NetRoute) ProtoMessage() {}
 
 func (x *NetRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[54]
+	mi := &file_agent_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3213,7 +3327,7 @@ func (x *NetRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetRoute.ProtoReflect.Descriptor instead.
 func (*NetRoute) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{54}
+	return file_agent_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *NetRoute) GetDestination() string {
@@ -3242,7 +3356,7 @@ type DNSConfig struct {
 
 func (x *DNSConfig) Reset() {
 	*x = DNSConfig{}
-	mi := &file_agent_proto_msgTypes[55]
+	mi := &file_agent_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3254,7 +3368,7 @@ func (x *DNSConfig) String() string {
 func (*DNSConfig) ProtoMessage() {}
 
 func (x *DNSConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[55]
+	mi := &file_agent_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3267,7 +3381,7 @@ func (x *DNSConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DNSConfig.ProtoReflect.Descriptor instead.
 func (*DNSConfig) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{55}
+	return file_agent_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *DNSConfig) GetNameservers() []string {
@@ -3301,7 +3415,7 @@ type ConfigureNetworkResponse struct {
 
 func (x *ConfigureNetworkResponse) Reset() {
 	*x = ConfigureNetworkResponse{}
-	mi := &file_agent_proto_msgTypes[56]
+	mi := &file_agent_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3313,7 +3427,7 @@ func (x *ConfigureNetworkResponse) String() string {
 func (*ConfigureNetworkResponse) ProtoMessage() {}
 
 func (x *ConfigureNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[56]
+	mi := &file_agent_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3326,7 +3440,7 @@ func (x *ConfigureNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureNetworkResponse.ProtoReflect.Descriptor instead.
 func (*ConfigureNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{56}
+	return file_agent_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ConfigureNetworkResponse) GetInterfaces() []string {
@@ -3356,7 +3470,7 @@ type PrepareVolumeRequest struct {
 
 func (x *PrepareVolumeRequest) Reset() {
 	*x = PrepareVolumeRequest{}
-	mi := &file_agent_proto_msgTypes[57]
+	mi := &file_agent_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3368,7 +3482,7 @@ func (x *PrepareVolumeRequest) String() string {
 func (*PrepareVolumeRequest) ProtoMessage() {}
 
 func (x *PrepareVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[57]
+	mi := &file_agent_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3381,7 +3495,7 @@ func (x *PrepareVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareVolumeRequest.ProtoReflect.Descriptor instead.
 func (*PrepareVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{57}
+	return file_agent_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *PrepareVolumeRequest) GetPath() string {
@@ -3440,7 +3554,7 @@ type TreeEntry struct {
 
 func (x *TreeEntry) Reset() {
 	*x = TreeEntry{}
-	mi := &file_agent_proto_msgTypes[58]
+	mi := &file_agent_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3452,7 +3566,7 @@ func (x *TreeEntry) String() string {
 func (*TreeEntry) ProtoMessage() {}
 
 func (x *TreeEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[58]
+	mi := &file_agent_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3465,7 +3579,7 @@ func (x *TreeEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeEntry.ProtoReflect.Descriptor instead.
 func (*TreeEntry) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{58}
+	return file_agent_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *TreeEntry) GetPath() string {
@@ -3534,7 +3648,7 @@ type SyncTreeRequest struct {
 
 func (x *SyncTreeRequest) Reset() {
 	*x = SyncTreeRequest{}
-	mi := &file_agent_proto_msgTypes[59]
+	mi := &file_agent_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3546,7 +3660,7 @@ func (x *SyncTreeRequest) String() string {
 func (*SyncTreeRequest) ProtoMessage() {}
 
 func (x *SyncTreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[59]
+	mi := &file_agent_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3559,7 +3673,7 @@ func (x *SyncTreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncTreeRequest.ProtoReflect.Descriptor instead.
 func (*SyncTreeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{59}
+	return file_agent_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *SyncTreeRequest) GetDir() string {
@@ -3608,7 +3722,7 @@ type SyncTreeResponse struct {
 
 func (x *SyncTreeResponse) Reset() {
 	*x = SyncTreeResponse{}
-	mi := &file_agent_proto_msgTypes[60]
+	mi := &file_agent_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3620,7 +3734,7 @@ func (x *SyncTreeResponse) String() string {
 func (*SyncTreeResponse) ProtoMessage() {}
 
 func (x *SyncTreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[60]
+	mi := &file_agent_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3633,7 +3747,7 @@ func (x *SyncTreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncTreeResponse.ProtoReflect.Descriptor instead.
 func (*SyncTreeResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{60}
+	return file_agent_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *SyncTreeResponse) GetWritten() uint32 {
@@ -3721,9 +3835,10 @@ const file_agent_proto_rawDesc = "" +
 	"\x03pid\x18\x01 \x01(\rR\x03pid\"J\n" +
 	"\fStartRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x17\n" +
-	"\aexec_id\x18\x02 \x01(\tR\x06execId\"!\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\"9\n" +
 	"\rStartResponse\x12\x10\n" +
-	"\x03pid\x18\x01 \x01(\rR\x03pid\"u\n" +
+	"\x03pid\x18\x01 \x01(\rR\x03pid\x12\x16\n" +
+	"\x06timing\x18\x02 \x01(\tR\x06timing\"u\n" +
 	"\rSignalRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x17\n" +
 	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x16\n" +
@@ -3792,7 +3907,13 @@ const file_agent_proto_rawDesc = "" +
 	"\x0eSetTimeRequest\x12\x1b\n" +
 	"\tunix_nano\x18\x01 \x01(\x03R\bunixNano\"/\n" +
 	"\x13ReseedRandomRequest\x12\x18\n" +
-	"\aentropy\x18\x01 \x01(\fR\aentropy\"x\n" +
+	"\aentropy\x18\x01 \x01(\fR\aentropy\"~\n" +
+	"\x0eFreshenRequest\x12\x1b\n" +
+	"\tunix_nano\x18\x01 \x01(\x03R\bunixNano\x12\x18\n" +
+	"\aentropy\x18\x02 \x01(\fR\aentropy\x125\n" +
+	"\x05mount\x18\x03 \x01(\v2\x1f.cube.agent.v1.MountDiskRequestR\x05mount\"I\n" +
+	"\x0fFreshenResponse\x126\n" +
+	"\x05mount\x18\x01 \x01(\v2 .cube.agent.v1.MountDiskResponseR\x05mount\"x\n" +
 	"\x0fReadFileRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x16\n" +
@@ -3897,7 +4018,7 @@ const file_agent_proto_rawDesc = "" +
 	"\aentries\x18\x05 \x03(\v2\x18.cube.agent.v1.TreeEntryR\aentries\"F\n" +
 	"\x10SyncTreeResponse\x12\x18\n" +
 	"\awritten\x18\x01 \x01(\rR\awritten\x12\x18\n" +
-	"\aremoved\x18\x02 \x01(\rR\aremoved2\xcc\x13\n" +
+	"\aremoved\x18\x02 \x01(\rR\aremoved2\x96\x14\n" +
 	"\x05Agent\x12H\n" +
 	"\aVersion\x12\x1d.cube.agent.v1.VersionRequest\x1a\x1e.cube.agent.v1.VersionResponse\x12E\n" +
 	"\x06Health\x12\x1c.cube.agent.v1.HealthRequest\x1a\x1d.cube.agent.v1.HealthResponse\x12N\n" +
@@ -3922,7 +4043,8 @@ const file_agent_proto_rawDesc = "" +
 	"\x11FreezeFilesystems\x12\x1c.cube.agent.v1.FreezeRequest\x1a\x1d.cube.agent.v1.FreezeResponse\x12C\n" +
 	"\x0fThawFilesystems\x12\x1a.cube.agent.v1.ThawRequest\x1a\x14.cube.agent.v1.Empty\x12>\n" +
 	"\aSetTime\x12\x1d.cube.agent.v1.SetTimeRequest\x1a\x14.cube.agent.v1.Empty\x12H\n" +
-	"\fReseedRandom\x12\".cube.agent.v1.ReseedRandomRequest\x1a\x14.cube.agent.v1.Empty\x12K\n" +
+	"\fReseedRandom\x12\".cube.agent.v1.ReseedRandomRequest\x1a\x14.cube.agent.v1.Empty\x12H\n" +
+	"\aFreshen\x12\x1d.cube.agent.v1.FreshenRequest\x1a\x1e.cube.agent.v1.FreshenResponse\x12K\n" +
 	"\bReadFile\x12\x1e.cube.agent.v1.ReadFileRequest\x1a\x1f.cube.agent.v1.ReadFileResponse\x12N\n" +
 	"\tWriteFile\x12\x1f.cube.agent.v1.WriteFileRequest\x1a .cube.agent.v1.WriteFileResponse\x12K\n" +
 	"\bStatFile\x12\x1e.cube.agent.v1.StatFileRequest\x1a\x1f.cube.agent.v1.StatFileResponse\x12H\n" +
@@ -3948,7 +4070,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 63)
 var file_agent_proto_goTypes = []any{
 	(TreeEntry_Kind)(0),              // 0: cube.agent.v1.TreeEntry.Kind
 	(*Empty)(nil),                    // 1: cube.agent.v1.Empty
@@ -3990,112 +4112,118 @@ var file_agent_proto_goTypes = []any{
 	(*ThawRequest)(nil),              // 37: cube.agent.v1.ThawRequest
 	(*SetTimeRequest)(nil),           // 38: cube.agent.v1.SetTimeRequest
 	(*ReseedRandomRequest)(nil),      // 39: cube.agent.v1.ReseedRandomRequest
-	(*ReadFileRequest)(nil),          // 40: cube.agent.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),         // 41: cube.agent.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),         // 42: cube.agent.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),        // 43: cube.agent.v1.WriteFileResponse
-	(*FileStat)(nil),                 // 44: cube.agent.v1.FileStat
-	(*StatFileRequest)(nil),          // 45: cube.agent.v1.StatFileRequest
-	(*StatFileResponse)(nil),         // 46: cube.agent.v1.StatFileResponse
-	(*ListDirRequest)(nil),           // 47: cube.agent.v1.ListDirRequest
-	(*ListDirResponse)(nil),          // 48: cube.agent.v1.ListDirResponse
-	(*RemoveFileRequest)(nil),        // 49: cube.agent.v1.RemoveFileRequest
-	(*MakeDirRequest)(nil),           // 50: cube.agent.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),          // 51: cube.agent.v1.MakeDirResponse
-	(*PowerOffRequest)(nil),          // 52: cube.agent.v1.PowerOffRequest
-	(*ConfigureNetworkRequest)(nil),  // 53: cube.agent.v1.ConfigureNetworkRequest
-	(*NetInterface)(nil),             // 54: cube.agent.v1.NetInterface
-	(*NetRoute)(nil),                 // 55: cube.agent.v1.NetRoute
-	(*DNSConfig)(nil),                // 56: cube.agent.v1.DNSConfig
-	(*ConfigureNetworkResponse)(nil), // 57: cube.agent.v1.ConfigureNetworkResponse
-	(*PrepareVolumeRequest)(nil),     // 58: cube.agent.v1.PrepareVolumeRequest
-	(*TreeEntry)(nil),                // 59: cube.agent.v1.TreeEntry
-	(*SyncTreeRequest)(nil),          // 60: cube.agent.v1.SyncTreeRequest
-	(*SyncTreeResponse)(nil),         // 61: cube.agent.v1.SyncTreeResponse
+	(*FreshenRequest)(nil),           // 40: cube.agent.v1.FreshenRequest
+	(*FreshenResponse)(nil),          // 41: cube.agent.v1.FreshenResponse
+	(*ReadFileRequest)(nil),          // 42: cube.agent.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),         // 43: cube.agent.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),         // 44: cube.agent.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),        // 45: cube.agent.v1.WriteFileResponse
+	(*FileStat)(nil),                 // 46: cube.agent.v1.FileStat
+	(*StatFileRequest)(nil),          // 47: cube.agent.v1.StatFileRequest
+	(*StatFileResponse)(nil),         // 48: cube.agent.v1.StatFileResponse
+	(*ListDirRequest)(nil),           // 49: cube.agent.v1.ListDirRequest
+	(*ListDirResponse)(nil),          // 50: cube.agent.v1.ListDirResponse
+	(*RemoveFileRequest)(nil),        // 51: cube.agent.v1.RemoveFileRequest
+	(*MakeDirRequest)(nil),           // 52: cube.agent.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),          // 53: cube.agent.v1.MakeDirResponse
+	(*PowerOffRequest)(nil),          // 54: cube.agent.v1.PowerOffRequest
+	(*ConfigureNetworkRequest)(nil),  // 55: cube.agent.v1.ConfigureNetworkRequest
+	(*NetInterface)(nil),             // 56: cube.agent.v1.NetInterface
+	(*NetRoute)(nil),                 // 57: cube.agent.v1.NetRoute
+	(*DNSConfig)(nil),                // 58: cube.agent.v1.DNSConfig
+	(*ConfigureNetworkResponse)(nil), // 59: cube.agent.v1.ConfigureNetworkResponse
+	(*PrepareVolumeRequest)(nil),     // 60: cube.agent.v1.PrepareVolumeRequest
+	(*TreeEntry)(nil),                // 61: cube.agent.v1.TreeEntry
+	(*SyncTreeRequest)(nil),          // 62: cube.agent.v1.SyncTreeRequest
+	(*SyncTreeResponse)(nil),         // 63: cube.agent.v1.SyncTreeResponse
 }
 var file_agent_proto_depIdxs = []int32{
 	11, // 0: cube.agent.v1.CreateContainerRequest.stdio:type_name -> cube.agent.v1.Stdio
 	11, // 1: cube.agent.v1.ExecProcessRequest.stdio:type_name -> cube.agent.v1.Stdio
 	32, // 2: cube.agent.v1.ListProcessesResponse.processes:type_name -> cube.agent.v1.ProcessInfo
 	11, // 3: cube.agent.v1.ProcessInfo.stdio:type_name -> cube.agent.v1.Stdio
-	44, // 4: cube.agent.v1.StatFileResponse.stat:type_name -> cube.agent.v1.FileStat
-	44, // 5: cube.agent.v1.ListDirResponse.entries:type_name -> cube.agent.v1.FileStat
-	54, // 6: cube.agent.v1.ConfigureNetworkRequest.interfaces:type_name -> cube.agent.v1.NetInterface
-	56, // 7: cube.agent.v1.ConfigureNetworkRequest.dns:type_name -> cube.agent.v1.DNSConfig
-	55, // 8: cube.agent.v1.NetInterface.routes:type_name -> cube.agent.v1.NetRoute
-	0,  // 9: cube.agent.v1.TreeEntry.kind:type_name -> cube.agent.v1.TreeEntry.Kind
-	59, // 10: cube.agent.v1.SyncTreeRequest.entries:type_name -> cube.agent.v1.TreeEntry
-	2,  // 11: cube.agent.v1.Agent.Version:input_type -> cube.agent.v1.VersionRequest
-	4,  // 12: cube.agent.v1.Agent.Health:input_type -> cube.agent.v1.HealthRequest
-	6,  // 13: cube.agent.v1.Agent.MountDisk:input_type -> cube.agent.v1.MountDiskRequest
-	10, // 14: cube.agent.v1.Agent.UnmountDisk:input_type -> cube.agent.v1.UnmountDiskRequest
-	8,  // 15: cube.agent.v1.Agent.BlockDevice:input_type -> cube.agent.v1.BlockDeviceRequest
-	12, // 16: cube.agent.v1.Agent.CreateContainer:input_type -> cube.agent.v1.CreateContainerRequest
-	14, // 17: cube.agent.v1.Agent.PrepareSpare:input_type -> cube.agent.v1.PrepareSpareRequest
-	16, // 18: cube.agent.v1.Agent.ExecProcess:input_type -> cube.agent.v1.ExecProcessRequest
-	18, // 19: cube.agent.v1.Agent.Start:input_type -> cube.agent.v1.StartRequest
-	20, // 20: cube.agent.v1.Agent.Signal:input_type -> cube.agent.v1.SignalRequest
-	21, // 21: cube.agent.v1.Agent.Wait:input_type -> cube.agent.v1.WaitRequest
-	23, // 22: cube.agent.v1.Agent.State:input_type -> cube.agent.v1.StateRequest
-	25, // 23: cube.agent.v1.Agent.CloseStdin:input_type -> cube.agent.v1.CloseStdinRequest
-	26, // 24: cube.agent.v1.Agent.ResizePty:input_type -> cube.agent.v1.ResizePtyRequest
-	27, // 25: cube.agent.v1.Agent.ListPids:input_type -> cube.agent.v1.ListPidsRequest
-	30, // 26: cube.agent.v1.Agent.ListProcesses:input_type -> cube.agent.v1.ListProcessesRequest
-	29, // 27: cube.agent.v1.Agent.RenameContainer:input_type -> cube.agent.v1.RenameContainerRequest
-	33, // 28: cube.agent.v1.Agent.Delete:input_type -> cube.agent.v1.DeleteRequest
-	1,  // 29: cube.agent.v1.Agent.SyncFilesystems:input_type -> cube.agent.v1.Empty
-	35, // 30: cube.agent.v1.Agent.FreezeFilesystems:input_type -> cube.agent.v1.FreezeRequest
-	37, // 31: cube.agent.v1.Agent.ThawFilesystems:input_type -> cube.agent.v1.ThawRequest
-	38, // 32: cube.agent.v1.Agent.SetTime:input_type -> cube.agent.v1.SetTimeRequest
-	39, // 33: cube.agent.v1.Agent.ReseedRandom:input_type -> cube.agent.v1.ReseedRandomRequest
-	40, // 34: cube.agent.v1.Agent.ReadFile:input_type -> cube.agent.v1.ReadFileRequest
-	42, // 35: cube.agent.v1.Agent.WriteFile:input_type -> cube.agent.v1.WriteFileRequest
-	45, // 36: cube.agent.v1.Agent.StatFile:input_type -> cube.agent.v1.StatFileRequest
-	47, // 37: cube.agent.v1.Agent.ListDir:input_type -> cube.agent.v1.ListDirRequest
-	49, // 38: cube.agent.v1.Agent.RemoveFile:input_type -> cube.agent.v1.RemoveFileRequest
-	50, // 39: cube.agent.v1.Agent.MakeDir:input_type -> cube.agent.v1.MakeDirRequest
-	52, // 40: cube.agent.v1.Agent.PowerOff:input_type -> cube.agent.v1.PowerOffRequest
-	53, // 41: cube.agent.v1.Agent.ConfigureNetwork:input_type -> cube.agent.v1.ConfigureNetworkRequest
-	58, // 42: cube.agent.v1.Agent.PrepareVolume:input_type -> cube.agent.v1.PrepareVolumeRequest
-	60, // 43: cube.agent.v1.Agent.SyncTree:input_type -> cube.agent.v1.SyncTreeRequest
-	3,  // 44: cube.agent.v1.Agent.Version:output_type -> cube.agent.v1.VersionResponse
-	5,  // 45: cube.agent.v1.Agent.Health:output_type -> cube.agent.v1.HealthResponse
-	7,  // 46: cube.agent.v1.Agent.MountDisk:output_type -> cube.agent.v1.MountDiskResponse
-	1,  // 47: cube.agent.v1.Agent.UnmountDisk:output_type -> cube.agent.v1.Empty
-	9,  // 48: cube.agent.v1.Agent.BlockDevice:output_type -> cube.agent.v1.BlockDeviceResponse
-	13, // 49: cube.agent.v1.Agent.CreateContainer:output_type -> cube.agent.v1.CreateContainerResponse
-	15, // 50: cube.agent.v1.Agent.PrepareSpare:output_type -> cube.agent.v1.PrepareSpareResponse
-	17, // 51: cube.agent.v1.Agent.ExecProcess:output_type -> cube.agent.v1.ExecProcessResponse
-	19, // 52: cube.agent.v1.Agent.Start:output_type -> cube.agent.v1.StartResponse
-	1,  // 53: cube.agent.v1.Agent.Signal:output_type -> cube.agent.v1.Empty
-	22, // 54: cube.agent.v1.Agent.Wait:output_type -> cube.agent.v1.WaitResponse
-	24, // 55: cube.agent.v1.Agent.State:output_type -> cube.agent.v1.StateResponse
-	1,  // 56: cube.agent.v1.Agent.CloseStdin:output_type -> cube.agent.v1.Empty
-	1,  // 57: cube.agent.v1.Agent.ResizePty:output_type -> cube.agent.v1.Empty
-	28, // 58: cube.agent.v1.Agent.ListPids:output_type -> cube.agent.v1.ListPidsResponse
-	31, // 59: cube.agent.v1.Agent.ListProcesses:output_type -> cube.agent.v1.ListProcessesResponse
-	1,  // 60: cube.agent.v1.Agent.RenameContainer:output_type -> cube.agent.v1.Empty
-	34, // 61: cube.agent.v1.Agent.Delete:output_type -> cube.agent.v1.DeleteResponse
-	1,  // 62: cube.agent.v1.Agent.SyncFilesystems:output_type -> cube.agent.v1.Empty
-	36, // 63: cube.agent.v1.Agent.FreezeFilesystems:output_type -> cube.agent.v1.FreezeResponse
-	1,  // 64: cube.agent.v1.Agent.ThawFilesystems:output_type -> cube.agent.v1.Empty
-	1,  // 65: cube.agent.v1.Agent.SetTime:output_type -> cube.agent.v1.Empty
-	1,  // 66: cube.agent.v1.Agent.ReseedRandom:output_type -> cube.agent.v1.Empty
-	41, // 67: cube.agent.v1.Agent.ReadFile:output_type -> cube.agent.v1.ReadFileResponse
-	43, // 68: cube.agent.v1.Agent.WriteFile:output_type -> cube.agent.v1.WriteFileResponse
-	46, // 69: cube.agent.v1.Agent.StatFile:output_type -> cube.agent.v1.StatFileResponse
-	48, // 70: cube.agent.v1.Agent.ListDir:output_type -> cube.agent.v1.ListDirResponse
-	1,  // 71: cube.agent.v1.Agent.RemoveFile:output_type -> cube.agent.v1.Empty
-	51, // 72: cube.agent.v1.Agent.MakeDir:output_type -> cube.agent.v1.MakeDirResponse
-	1,  // 73: cube.agent.v1.Agent.PowerOff:output_type -> cube.agent.v1.Empty
-	57, // 74: cube.agent.v1.Agent.ConfigureNetwork:output_type -> cube.agent.v1.ConfigureNetworkResponse
-	1,  // 75: cube.agent.v1.Agent.PrepareVolume:output_type -> cube.agent.v1.Empty
-	61, // 76: cube.agent.v1.Agent.SyncTree:output_type -> cube.agent.v1.SyncTreeResponse
-	44, // [44:77] is the sub-list for method output_type
-	11, // [11:44] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	6,  // 4: cube.agent.v1.FreshenRequest.mount:type_name -> cube.agent.v1.MountDiskRequest
+	7,  // 5: cube.agent.v1.FreshenResponse.mount:type_name -> cube.agent.v1.MountDiskResponse
+	46, // 6: cube.agent.v1.StatFileResponse.stat:type_name -> cube.agent.v1.FileStat
+	46, // 7: cube.agent.v1.ListDirResponse.entries:type_name -> cube.agent.v1.FileStat
+	56, // 8: cube.agent.v1.ConfigureNetworkRequest.interfaces:type_name -> cube.agent.v1.NetInterface
+	58, // 9: cube.agent.v1.ConfigureNetworkRequest.dns:type_name -> cube.agent.v1.DNSConfig
+	57, // 10: cube.agent.v1.NetInterface.routes:type_name -> cube.agent.v1.NetRoute
+	0,  // 11: cube.agent.v1.TreeEntry.kind:type_name -> cube.agent.v1.TreeEntry.Kind
+	61, // 12: cube.agent.v1.SyncTreeRequest.entries:type_name -> cube.agent.v1.TreeEntry
+	2,  // 13: cube.agent.v1.Agent.Version:input_type -> cube.agent.v1.VersionRequest
+	4,  // 14: cube.agent.v1.Agent.Health:input_type -> cube.agent.v1.HealthRequest
+	6,  // 15: cube.agent.v1.Agent.MountDisk:input_type -> cube.agent.v1.MountDiskRequest
+	10, // 16: cube.agent.v1.Agent.UnmountDisk:input_type -> cube.agent.v1.UnmountDiskRequest
+	8,  // 17: cube.agent.v1.Agent.BlockDevice:input_type -> cube.agent.v1.BlockDeviceRequest
+	12, // 18: cube.agent.v1.Agent.CreateContainer:input_type -> cube.agent.v1.CreateContainerRequest
+	14, // 19: cube.agent.v1.Agent.PrepareSpare:input_type -> cube.agent.v1.PrepareSpareRequest
+	16, // 20: cube.agent.v1.Agent.ExecProcess:input_type -> cube.agent.v1.ExecProcessRequest
+	18, // 21: cube.agent.v1.Agent.Start:input_type -> cube.agent.v1.StartRequest
+	20, // 22: cube.agent.v1.Agent.Signal:input_type -> cube.agent.v1.SignalRequest
+	21, // 23: cube.agent.v1.Agent.Wait:input_type -> cube.agent.v1.WaitRequest
+	23, // 24: cube.agent.v1.Agent.State:input_type -> cube.agent.v1.StateRequest
+	25, // 25: cube.agent.v1.Agent.CloseStdin:input_type -> cube.agent.v1.CloseStdinRequest
+	26, // 26: cube.agent.v1.Agent.ResizePty:input_type -> cube.agent.v1.ResizePtyRequest
+	27, // 27: cube.agent.v1.Agent.ListPids:input_type -> cube.agent.v1.ListPidsRequest
+	30, // 28: cube.agent.v1.Agent.ListProcesses:input_type -> cube.agent.v1.ListProcessesRequest
+	29, // 29: cube.agent.v1.Agent.RenameContainer:input_type -> cube.agent.v1.RenameContainerRequest
+	33, // 30: cube.agent.v1.Agent.Delete:input_type -> cube.agent.v1.DeleteRequest
+	1,  // 31: cube.agent.v1.Agent.SyncFilesystems:input_type -> cube.agent.v1.Empty
+	35, // 32: cube.agent.v1.Agent.FreezeFilesystems:input_type -> cube.agent.v1.FreezeRequest
+	37, // 33: cube.agent.v1.Agent.ThawFilesystems:input_type -> cube.agent.v1.ThawRequest
+	38, // 34: cube.agent.v1.Agent.SetTime:input_type -> cube.agent.v1.SetTimeRequest
+	39, // 35: cube.agent.v1.Agent.ReseedRandom:input_type -> cube.agent.v1.ReseedRandomRequest
+	40, // 36: cube.agent.v1.Agent.Freshen:input_type -> cube.agent.v1.FreshenRequest
+	42, // 37: cube.agent.v1.Agent.ReadFile:input_type -> cube.agent.v1.ReadFileRequest
+	44, // 38: cube.agent.v1.Agent.WriteFile:input_type -> cube.agent.v1.WriteFileRequest
+	47, // 39: cube.agent.v1.Agent.StatFile:input_type -> cube.agent.v1.StatFileRequest
+	49, // 40: cube.agent.v1.Agent.ListDir:input_type -> cube.agent.v1.ListDirRequest
+	51, // 41: cube.agent.v1.Agent.RemoveFile:input_type -> cube.agent.v1.RemoveFileRequest
+	52, // 42: cube.agent.v1.Agent.MakeDir:input_type -> cube.agent.v1.MakeDirRequest
+	54, // 43: cube.agent.v1.Agent.PowerOff:input_type -> cube.agent.v1.PowerOffRequest
+	55, // 44: cube.agent.v1.Agent.ConfigureNetwork:input_type -> cube.agent.v1.ConfigureNetworkRequest
+	60, // 45: cube.agent.v1.Agent.PrepareVolume:input_type -> cube.agent.v1.PrepareVolumeRequest
+	62, // 46: cube.agent.v1.Agent.SyncTree:input_type -> cube.agent.v1.SyncTreeRequest
+	3,  // 47: cube.agent.v1.Agent.Version:output_type -> cube.agent.v1.VersionResponse
+	5,  // 48: cube.agent.v1.Agent.Health:output_type -> cube.agent.v1.HealthResponse
+	7,  // 49: cube.agent.v1.Agent.MountDisk:output_type -> cube.agent.v1.MountDiskResponse
+	1,  // 50: cube.agent.v1.Agent.UnmountDisk:output_type -> cube.agent.v1.Empty
+	9,  // 51: cube.agent.v1.Agent.BlockDevice:output_type -> cube.agent.v1.BlockDeviceResponse
+	13, // 52: cube.agent.v1.Agent.CreateContainer:output_type -> cube.agent.v1.CreateContainerResponse
+	15, // 53: cube.agent.v1.Agent.PrepareSpare:output_type -> cube.agent.v1.PrepareSpareResponse
+	17, // 54: cube.agent.v1.Agent.ExecProcess:output_type -> cube.agent.v1.ExecProcessResponse
+	19, // 55: cube.agent.v1.Agent.Start:output_type -> cube.agent.v1.StartResponse
+	1,  // 56: cube.agent.v1.Agent.Signal:output_type -> cube.agent.v1.Empty
+	22, // 57: cube.agent.v1.Agent.Wait:output_type -> cube.agent.v1.WaitResponse
+	24, // 58: cube.agent.v1.Agent.State:output_type -> cube.agent.v1.StateResponse
+	1,  // 59: cube.agent.v1.Agent.CloseStdin:output_type -> cube.agent.v1.Empty
+	1,  // 60: cube.agent.v1.Agent.ResizePty:output_type -> cube.agent.v1.Empty
+	28, // 61: cube.agent.v1.Agent.ListPids:output_type -> cube.agent.v1.ListPidsResponse
+	31, // 62: cube.agent.v1.Agent.ListProcesses:output_type -> cube.agent.v1.ListProcessesResponse
+	1,  // 63: cube.agent.v1.Agent.RenameContainer:output_type -> cube.agent.v1.Empty
+	34, // 64: cube.agent.v1.Agent.Delete:output_type -> cube.agent.v1.DeleteResponse
+	1,  // 65: cube.agent.v1.Agent.SyncFilesystems:output_type -> cube.agent.v1.Empty
+	36, // 66: cube.agent.v1.Agent.FreezeFilesystems:output_type -> cube.agent.v1.FreezeResponse
+	1,  // 67: cube.agent.v1.Agent.ThawFilesystems:output_type -> cube.agent.v1.Empty
+	1,  // 68: cube.agent.v1.Agent.SetTime:output_type -> cube.agent.v1.Empty
+	1,  // 69: cube.agent.v1.Agent.ReseedRandom:output_type -> cube.agent.v1.Empty
+	41, // 70: cube.agent.v1.Agent.Freshen:output_type -> cube.agent.v1.FreshenResponse
+	43, // 71: cube.agent.v1.Agent.ReadFile:output_type -> cube.agent.v1.ReadFileResponse
+	45, // 72: cube.agent.v1.Agent.WriteFile:output_type -> cube.agent.v1.WriteFileResponse
+	48, // 73: cube.agent.v1.Agent.StatFile:output_type -> cube.agent.v1.StatFileResponse
+	50, // 74: cube.agent.v1.Agent.ListDir:output_type -> cube.agent.v1.ListDirResponse
+	1,  // 75: cube.agent.v1.Agent.RemoveFile:output_type -> cube.agent.v1.Empty
+	53, // 76: cube.agent.v1.Agent.MakeDir:output_type -> cube.agent.v1.MakeDirResponse
+	1,  // 77: cube.agent.v1.Agent.PowerOff:output_type -> cube.agent.v1.Empty
+	59, // 78: cube.agent.v1.Agent.ConfigureNetwork:output_type -> cube.agent.v1.ConfigureNetworkResponse
+	1,  // 79: cube.agent.v1.Agent.PrepareVolume:output_type -> cube.agent.v1.Empty
+	63, // 80: cube.agent.v1.Agent.SyncTree:output_type -> cube.agent.v1.SyncTreeResponse
+	47, // [47:81] is the sub-list for method output_type
+	13, // [13:47] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -4109,7 +4237,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   61,
+			NumMessages:   63,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

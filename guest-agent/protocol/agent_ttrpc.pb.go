@@ -31,6 +31,7 @@ type AgentService interface {
 	ThawFilesystems(context.Context, *ThawRequest) (*Empty, error)
 	SetTime(context.Context, *SetTimeRequest) (*Empty, error)
 	ReseedRandom(context.Context, *ReseedRandomRequest) (*Empty, error)
+	Freshen(context.Context, *FreshenRequest) (*FreshenResponse, error)
 	ReadFile(context.Context, *ReadFileRequest) (*ReadFileResponse, error)
 	WriteFile(context.Context, *WriteFileRequest) (*WriteFileResponse, error)
 	StatFile(context.Context, *StatFileRequest) (*StatFileResponse, error)
@@ -206,6 +207,13 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.ReseedRandom(ctx, &req)
+			},
+			"Freshen": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req FreshenRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.Freshen(ctx, &req)
 			},
 			"ReadFile": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req ReadFileRequest
@@ -470,6 +478,14 @@ func (c *agentClient) SetTime(ctx context.Context, req *SetTimeRequest) (*Empty,
 func (c *agentClient) ReseedRandom(ctx context.Context, req *ReseedRandomRequest) (*Empty, error) {
 	var resp Empty
 	if err := c.client.Call(ctx, "cube.agent.v1.Agent", "ReseedRandom", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) Freshen(ctx context.Context, req *FreshenRequest) (*FreshenResponse, error) {
+	var resp FreshenResponse
+	if err := c.client.Call(ctx, "cube.agent.v1.Agent", "Freshen", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

@@ -24,12 +24,17 @@ var stepEvents = []string{
 	"process started", "process exited", "container deleted", "sandbox stopped", "shutdown",
 }
 
-// stepLines are the log lines with steps_ms (and the VMM's machine_steps_ms).
-var stepLines = []string{"sandbox started", "restored and running", "rootfs attached", "container created", "container deleted", "sandbox stopped"}
+// stepLines are the log lines with steps_ms (and the VMM's machine_steps_ms,
+// and the guest's part, guest_ms, of the agent calls that say).
+var stepLines = []string{"sandbox started", "restored and running", "rootfs attached", "container created", "process started", "container deleted", "sandbox stopped"}
 
-// countFields are log lines with a count worth a median: the agent dials a
-// start needed (shim/sandbox's dialAgent).
-var countFields = map[string]string{"agent answered": "attempts"}
+// valueFields are log lines with a value worth a median outside steps_ms:
+// the agent dials a start needed (shim/sandbox's dialAgent), what the
+// shim's Start took (shim/task).
+var valueFields = map[string]struct{ field, unit string }{
+	"agent answered":  {"attempts", "count"},
+	"process started": {"took_ms", "ms"},
+}
 
 // runSteps collects the figures of runs.
 type runSteps struct {
@@ -45,7 +50,7 @@ func newRunSteps() *runSteps {
 
 var (
 	logTime  = regexp.MustCompile(`^time="([^"]+)"`)
-	stepsRe  = regexp.MustCompile(`(machine_steps_ms|steps_ms)=\\?"([^"\\]*)\\?"`)
+	stepsRe  = regexp.MustCompile(`(machine_steps_ms|steps_ms|guest_ms)=\\?"([^"\\]*)\\?"`)
 	stepPair = regexp.MustCompile(`([A-Za-z0-9_-]+)=([0-9.]+)`)
 )
 
@@ -67,13 +72,14 @@ func (r *runSteps) add(log string, start time.Time, took time.Duration) {
 				}
 			}
 		}
-		for msg, field := range countFields {
+		for msg, f := range valueFields {
 			if !isMsg(l, msg) {
 				continue
 			}
-			if m := regexp.MustCompile(`\b` + field + `=([0-9]+)`).FindStringSubmatch(l); m != nil {
+			if m := regexp.MustCompile(`\b` + f.field + `=([0-9.]+)`).FindStringSubmatch(l); m != nil {
+				k := msg + ": " + f.field + " (" + f.unit + ")"
 				v, _ := strconv.ParseFloat(m[1], 64)
-				r.steps[msg+": "+field+" (count)"] = append(r.steps[msg+": "+field+" (count)"], v)
+				r.steps[k] = append(r.steps[k], v)
 			}
 		}
 		for _, sl := range stepLines {
@@ -82,8 +88,11 @@ func (r *runSteps) add(log string, start time.Time, took time.Duration) {
 			}
 			for _, m := range stepsRe.FindAllStringSubmatch(l, -1) {
 				prefix := sl
-				if m[1] == "machine_steps_ms" {
+				switch m[1] {
+				case "machine_steps_ms":
 					prefix += " (machine)"
+				case "guest_ms":
+					prefix += " (guest)"
 				}
 				for _, p := range stepPair.FindAllStringSubmatch(m[2], -1) {
 					if v, err := strconv.ParseFloat(p[2], 64); err == nil {

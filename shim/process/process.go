@@ -92,6 +92,8 @@ type Process struct {
 	// (Rebind, Revive, EndRolledBack or Release).
 	held    bool
 	rebound chan struct{}
+	// startTiming is what the guest said its Start took (StartTiming).
+	startTiming string
 }
 
 // New returns a process in the created state and starts waiting for its
@@ -150,6 +152,14 @@ func (p *Process) Start(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.st.start(ctx)
+}
+
+// StartTiming is what the last Start took in the guest ("exec=…", ms), for
+// the log; empty before a Start or from an agent that does not say.
+func (p *Process) StartTiming() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.startTiming
 }
 
 // Kill signals the process (all: every process of the container).

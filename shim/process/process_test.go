@@ -29,7 +29,9 @@ func (a *stubAgent) Wait(ctx context.Context, cid, eid string) (sandbox.ExitStat
 	return st, nil
 }
 
-func (a *stubAgent) Start(ctx context.Context, cid, eid string) (uint32, error) { return 7, nil }
+func (a *stubAgent) Start(ctx context.Context, cid, eid string) (uint32, string, error) {
+	return 7, "", nil
+}
 func (a *stubAgent) Signal(ctx context.Context, cid, eid string, sig uint32, all bool) error {
 	return nil
 }

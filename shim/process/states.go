@@ -35,9 +35,11 @@ func (s *createdState) status() Status { return Created }
 
 func (s *createdState) start(ctx context.Context) error {
 	p := s.p
-	if _, err := p.agent.Start(ctx, p.o.ContainerID, p.o.ExecID); err != nil {
+	_, timing, err := p.agent.Start(ctx, p.o.ContainerID, p.o.ExecID)
+	if err != nil {
 		return fmt.Errorf("start %s: %w", p.ID(), err)
 	}
+	p.startTiming = timing
 	p.st = &runningState{p}
 	return nil
 }

@@ -64,6 +64,14 @@ type MountDiskRequest struct {
 	ReadOnly                   bool
 }
 
+// FreshenRequest is what Freshen sets: the guest's clock, host entropy
+// (16..4096 bytes) for its RNG, and the disk to mount, if any.
+type FreshenRequest struct {
+	Time    time.Time
+	Entropy []byte
+	Mount   *MountDiskRequest
+}
+
 // GuestBlockDevice is a drive as the guest sees it.
 type GuestBlockDevice struct {
 	Device       string // e.g. /dev/vdc
@@ -98,7 +106,9 @@ type AgentClient interface {
 	// older than the call answers FailedPrecondition.
 	PrepareSpare(ctx context.Context) (timing string, err error)
 	ExecProcess(ctx context.Context, req ExecProcessRequest) (pid uint32, err error)
-	Start(ctx context.Context, containerID, execID string) (pid uint32, err error)
+	// Start lets a created process run; timing is what that took in the
+	// guest ("exec=…", ms), empty from an agent that does not say.
+	Start(ctx context.Context, containerID, execID string) (pid uint32, timing string, err error)
 	Signal(ctx context.Context, containerID, execID string, signal uint32, all bool) error
 	// Wait blocks until the process exited.
 	Wait(ctx context.Context, containerID, execID string) (ExitStatus, error)
@@ -113,6 +123,11 @@ type AgentClient interface {
 	FreezeFilesystems(ctx context.Context) error
 	// ThawFilesystems thaws what FreezeFilesystems froze (nothing frozen: no-op).
 	ThawFilesystems(ctx context.Context) error
+	// Freshen is a restored guest's first call: SetTime, ReseedRandom and,
+	// with req.Mount, MountDisk in one round trip (the mount's answer, or a
+	// zero MountedDisk). An agent without the call answers an error wrapping
+	// errdefs.ErrNotImplemented: make the three calls instead.
+	Freshen(ctx context.Context, req FreshenRequest) (MountedDisk, error)
 	// SetTime steps the guest's CLOCK_REALTIME (stale after a restore).
 	SetTime(ctx context.Context, t time.Time) error
 	// ReseedRandom mixes host entropy (16..4096 bytes) into the guest pool and

@@ -85,6 +85,22 @@ func (a *protocolAgent) MountDisk(ctx context.Context, req MountDiskRequest) (Mo
 	return MountedDisk{MountPoint: r.GetMountPoint(), Timing: r.GetTiming()}, nil
 }
 
+func (a *protocolAgent) Freshen(ctx context.Context, req FreshenRequest) (MountedDisk, error) {
+	pr := &protocol.FreshenRequest{UnixNano: req.Time.UnixNano(), Entropy: req.Entropy}
+	if m := req.Mount; m != nil {
+		pr.Mount = &protocol.MountDiskRequest{Serial: m.Serial, MountPoint: m.MountPoint, FsType: m.FSType, Options: m.Options, ReadOnly: m.ReadOnly}
+	}
+	r, err := a.c.Freshen(ctx, pr)
+	if status.Code(err) == codes.Unimplemented {
+		return MountedDisk{}, fmt.Errorf("the guest agent predates Freshen: %w", errdefs.ErrNotImplemented)
+	}
+	if err != nil {
+		return MountedDisk{}, err
+	}
+	m := r.GetMount()
+	return MountedDisk{MountPoint: m.GetMountPoint(), Timing: m.GetTiming()}, nil
+}
+
 func (a *protocolAgent) UnmountDisk(ctx context.Context, mp string) error {
 	_, err := a.c.UnmountDisk(ctx, &protocol.UnmountDiskRequest{MountPoint: mp})
 	return err
@@ -136,12 +152,12 @@ func (a *protocolAgent) ExecProcess(ctx context.Context, req ExecProcessRequest)
 	return r.GetPid(), nil
 }
 
-func (a *protocolAgent) Start(ctx context.Context, cid, eid string) (uint32, error) {
+func (a *protocolAgent) Start(ctx context.Context, cid, eid string) (uint32, string, error) {
 	r, err := a.c.Start(ctx, &protocol.StartRequest{ContainerId: cid, ExecId: eid})
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
-	return r.GetPid(), nil
+	return r.GetPid(), r.GetTiming(), nil
 }
 
 func (a *protocolAgent) Signal(ctx context.Context, cid, eid string, sig uint32, all bool) error {

@@ -192,7 +192,7 @@ func TestRestoreWithNetwork(t *testing.T) {
 		t.Errorf("agent got %+v", nets)
 	}
 	calls := agent.CallLog()
-	if i, j := slices.Index(calls, "ReseedRandom"), slices.Index(calls, "ConfigureNetwork"); i < 0 || j < i {
+	if i, j := slices.Index(calls, "Freshen"), slices.Index(calls, "ConfigureNetwork"); i < 0 || j < i {
 		t.Errorf("agent calls %v: the network is configured after the restored guest is freshened", calls)
 	}
 	sb.Stop(context.Background())

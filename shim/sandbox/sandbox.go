@@ -304,15 +304,26 @@ func (s *Sandbox) teardown(unexpected bool) {
 // mountRootfs mounts the rootfs disk in slot serial in the guest and logs
 // "rootfs attached" with steps (which may hold earlier steps of the attach).
 func (s *Sandbox) mountRootfs(ctx context.Context, agent AgentClient, containerID, serial string, steps *Steps) (string, error) {
-	// noinit_itable: no ext4lazyinit thread zeroing the image's lazily
-	// initialized inode tables (mkfs -E lazy_itable_init=1) behind the
-	// container's back: CPU the guest needs, and writes that unshare the
-	// image's reflinked blocks.
-	md, err := agent.MountDisk(ctx, MountDiskRequest{Serial: serial, FSType: "ext4", Options: []string{"noinit_itable"}})
+	md, err := agent.MountDisk(ctx, rootfsMountRequest(serial))
 	steps.Mark("mount")
+	s.logRootfsAttached(containerID, serial, steps, md)
+	return md.MountPoint, err
+}
+
+// rootfsMountRequest mounts a container's rootfs image found by serial.
+// noinit_itable: no ext4lazyinit thread zeroing the image's lazily
+// initialized inode tables (mkfs -E lazy_itable_init=1) behind the
+// container's back: CPU the guest needs, and writes that unshare the
+// image's reflinked blocks.
+func rootfsMountRequest(serial string) MountDiskRequest {
+	return MountDiskRequest{Serial: serial, FSType: "ext4", Options: []string{"noinit_itable"}}
+}
+
+// logRootfsAttached logs a rootfs mount with the host's and the guest's
+// timings.
+func (s *Sandbox) logRootfsAttached(containerID, serial string, steps *Steps, md MountedDisk) {
 	s.o.Log.WithFields(logrus.Fields{"container": containerID, "serial": serial, "steps_ms": steps.String(),
 		"guest_ms": md.Timing}).Info("rootfs attached")
-	return md.MountPoint, err
 }
 
 // AttachRootfs gives containerID's rootfs image to the guest and mounts it

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"time"
 
@@ -96,13 +97,35 @@ func (s *Sandbox) snapshotNICs(a *NetworkAttachment) (replace bool, err error) {
 
 // freshenRestoredGuest fixes what a restore leaves stale: the guest clock
 // resumes at snapshot time, and every VM restored from one template would
-// share the template's RNG state. The two calls do not depend on each
-// other: they are issued together (one round trip to the guest, not two).
+// share the template's RNG state. One Freshen call; an agent without it
+// gets SetTime and ReseedRandom, issued together.
 func freshenRestoredGuest(ctx context.Context, agent AgentClient) error {
+	entropy, err := hostEntropy()
+	if err != nil {
+		return err
+	}
+	_, err = agent.Freshen(ctx, FreshenRequest{Time: time.Now(), Entropy: entropy})
+	if errors.Is(err, errdefs.ErrNotImplemented) {
+		return setTimeAndReseed(ctx, agent, entropy)
+	}
+	if err != nil {
+		return fmt.Errorf("freshen the restored guest: %w", err)
+	}
+	return nil
+}
+
+// hostEntropy is 64 bytes for the guest's RNG.
+func hostEntropy() ([]byte, error) {
 	entropy := make([]byte, 64)
 	if _, err := rand.Read(entropy); err != nil {
-		return fmt.Errorf("host entropy: %w", err)
+		return nil, fmt.Errorf("host entropy: %w", err)
 	}
+	return entropy, nil
+}
+
+// setTimeAndReseed is Freshen's work as the two calls of an older agent.
+// They do not depend on each other: they are issued together.
+func setTimeAndReseed(ctx context.Context, agent AgentClient, entropy []byte) error {
 	reseeded := make(chan error, 1)
 	go func() { reseeded <- agent.ReseedRandom(ctx, entropy) }()
 	timeErr := agent.SetTime(ctx, time.Now())
@@ -118,12 +141,14 @@ func freshenRestoredGuest(ctx context.Context, agent AgentClient) error {
 
 // freshenAndMount freshens a guest restored from a snapshot
 // (freshenRestoredGuest) and, when the first container's rootfs was set in
-// slot 0 before the guest ran (a template restore), mounts it meanwhile;
-// AttachRootfs then finds it mounted.
+// slot 0 before the guest ran (a template restore), mounts it in the same
+// call (Freshen: one wake-up of the guest, not three); AttachRootfs then
+// finds it mounted.
 //
-// Ordering: the mount does not wait for the clock step: it reads neither
-// the clock nor the RNG but for the ext4 mount time, which may then be the
-// template's. The container is created only after all three answered.
+// Ordering: Freshen steps the clock before the mount, so the ext4 mount
+// time is the real one. With an older agent the mount does not wait for
+// the clock step and may record the template's time. The container is
+// created only after all answered.
 func (s *Sandbox) freshenAndMount(ctx context.Context, agent AgentClient) error {
 	s.mu.Lock()
 	first := len(s.slots) > 0 && s.slots[0].owner != "" && s.slots[0].vol == "" && s.restore == nil
@@ -135,25 +160,48 @@ func (s *Sandbox) freshenAndMount(ctx context.Context, agent AgentClient) error 
 	if !first {
 		return freshenRestoredGuest(ctx, agent)
 	}
+	entropy, err := hostEntropy()
+	if err != nil {
+		return err
+	}
+	steps := NewSteps(time.Now())
+	req := rootfsMountRequest(sl.serial)
+	md, err := agent.Freshen(ctx, FreshenRequest{Time: time.Now(), Entropy: entropy, Mount: &req})
+	if errors.Is(err, errdefs.ErrNotImplemented) {
+		md, err = freshenThenMount(ctx, agent, entropy, req, sl.owner)
+	} else if err != nil {
+		err = fmt.Errorf("freshen the restored guest and mount the rootfs of %s: %w", sl.owner, err)
+	}
+	if err != nil {
+		return err
+	}
+	steps.Mark("mount")
+	s.logRootfsAttached(sl.owner, sl.serial, steps, md)
+	s.mu.Lock()
+	s.slots[0].mountPoint = md.MountPoint
+	s.mu.Unlock()
+	return nil
+}
+
+// freshenThenMount is freshenAndMount for an agent without Freshen: the
+// three calls issued together.
+func freshenThenMount(ctx context.Context, agent AgentClient, entropy []byte, req MountDiskRequest, owner string) (MountedDisk, error) {
 	type mounted struct {
-		mp  string
+		md  MountedDisk
 		err error
 	}
 	done := make(chan mounted, 1)
 	go func() {
-		mp, err := s.mountRootfs(ctx, agent, sl.owner, sl.serial, NewSteps(time.Now()))
-		done <- mounted{mp, err}
+		md, err := agent.MountDisk(ctx, req)
+		done <- mounted{md, err}
 	}()
-	err := freshenRestoredGuest(ctx, agent)
+	err := setTimeAndReseed(ctx, agent, entropy)
 	m := <-done
 	if err != nil {
-		return err
+		return MountedDisk{}, err
 	}
 	if m.err != nil {
-		return fmt.Errorf("mount rootfs of %s in the guest: %w", sl.owner, m.err)
+		return MountedDisk{}, fmt.Errorf("mount rootfs of %s in the guest: %w", owner, m.err)
 	}
-	s.mu.Lock()
-	s.slots[0].mountPoint = m.mp
-	s.mu.Unlock()
-	return nil
+	return m.md, nil
 }

@@ -3,10 +3,12 @@ package sandbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/cube-runtime/cube/shim/sandbox"
 	"github.com/cube-runtime/cube/shim/sandbox/sandboxtest"
 )
@@ -78,8 +80,8 @@ func TestChooseTemplate(t *testing.T) {
 				t.Errorf("TemplateFor asked for %d NICs, want %d", askedNICs, c.nics)
 			}
 			restored := c.want != ""
-			if got := agent.CallCount("ReseedRandom") == 1; got != restored {
-				t.Errorf("guest RNG reseeded: %v, want %v", got, restored)
+			if got := agent.CallCount("Freshen") == 1; got != restored {
+				t.Errorf("guest clock and RNG freshened: %v, want %v", got, restored)
 			}
 			// Both have the rootfs in slot 0 before the guest runs: a
 			// cold-booted VM boots with it; a restored one has the
@@ -97,16 +99,17 @@ func TestChooseTemplate(t *testing.T) {
 				len(vmm.Config.DiskSets) != 1) {
 				t.Errorf("restored %v: disk uses %v, disk sets %v", restored, vmm.Config.DiskUses, vmm.Config.DiskSets)
 			}
-			// A restored VM mounted the rootfs while its clock was stepped
-			// (freshenAndMount); AttachRootfs finds it mounted.
-			if got := agent.CallCount("MountDisk") == 1; got != restored {
+			// A restored VM mounted the rootfs in the call that stepped its
+			// clock (Freshen, freshenAndMount); AttachRootfs finds it
+			// mounted. A cold-booted one mounts it in AttachRootfs.
+			if got := len(agent.Mounts()) == 1; got != restored {
 				t.Errorf("rootfs mounted during the start: %v, want %v", got, restored)
 			}
 			if mp, err := sb.AttachRootfs(context.Background(), "c1", "/img/c1.ext4"); err != nil || mp == "" {
 				t.Fatalf("attach rootfs: %q, %v", mp, err)
 			}
-			if n := agent.CallCount("MountDisk"); n != 1 {
-				t.Errorf("MountDisk called %d times, want once", n)
+			if n, want := agent.CallCount("MountDisk"), map[bool]int{true: 0, false: 1}[restored]; n != want || len(agent.Mounts()) != 1 {
+				t.Errorf("MountDisk called %d times (want %d), %d disks mounted (want 1)", n, want, len(agent.Mounts()))
 			}
 			if n := vmm.SetDiskCount(); n != 0 {
 				t.Errorf("%d disk-set ops after the start", n)
@@ -163,3 +166,31 @@ func TestTemplateNICsMismatch(t *testing.T) {
 type twoNICs struct{ *fakeNetwork }
 
 func (twoNICs) NICCount() int { return 2 }
+
+// A template restore whose agent predates Freshen (an initrd of an older
+// release) makes the three calls instead: clock, RNG and the rootfs mount.
+func TestTemplateRestoreOlderAgent(t *testing.T) {
+	agent := sandboxtest.NewAgent()
+	agent.FreshenErr = fmt.Errorf("older agent: %w", errdefs.ErrNotImplemented)
+	vmm := sandboxtest.NewVMM(agent)
+	sb, err := sandbox.New(sandbox.Options{ID: "sb1", Dir: filepath.Join(t.TempDir(), "sb"), DiskSlots: 2,
+		VMM: vmm, Dial: sandboxtest.Dialer(agent), BootTimeout: time.Second,
+		TemplateFor: func(context.Context, int) (sandbox.TemplateVM, error) {
+			return sandbox.TemplateVM{Dir: "/tmpl/abc/vm"}, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Start(context.Background(), "/img/c1.ext4", "c1"); err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Stop(context.Background())
+	for _, c := range []string{"Freshen", "SetTime", "ReseedRandom", "MountDisk"} {
+		if n := agent.CallCount(c); n != 1 {
+			t.Errorf("%s called %d times, want once: %v", c, n, agent.CallLog())
+		}
+	}
+	if mp, err := sb.AttachRootfs(context.Background(), "c1", "/img/c1.ext4"); err != nil || mp == "" || agent.CallCount("MountDisk") != 1 {
+		t.Fatalf("attach rootfs: %q, %v; MountDisk calls %d, want the one of the start", mp, err, agent.CallCount("MountDisk"))
+	}
+}

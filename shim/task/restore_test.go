@@ -179,7 +179,7 @@ func TestCreateFromCheckpoint(t *testing.T) {
 	if h.state("new", "") != apitask.Status_CREATED || !h.vmm.Paused {
 		t.Errorf("after create: %v, VM paused %v; want CREATED and paused until start", h.state("new", ""), h.vmm.Paused)
 	}
-	if h.agent.CallCount("ThawFilesystems") == 0 || h.agent.CallCount("SetTime") == 0 || h.agent.CallCount("ReseedRandom") == 0 {
+	if h.agent.CallCount("ThawFilesystems") == 0 || h.agent.CallCount("Freshen") == 0 {
 		t.Errorf("restored guest not freshened: %v", h.agent.CallLog())
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {

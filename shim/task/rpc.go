@@ -56,7 +56,11 @@ func (s *Service) Start(ctx context.Context, req *taskAPI.StartRequest) (*taskAP
 		return nil, errOut(err)
 	}
 	pid := s.hostPid()
-	s.o.Log.WithFields(logrus.Fields{"container": req.ID, "exec": req.ExecID, "took_ms": sandbox.MS(time.Since(start))}).Info("process started")
+	f := logrus.Fields{"container": req.ID, "exec": req.ExecID, "took_ms": sandbox.MS(time.Since(start))}
+	if t := p.StartTiming(); t != "" {
+		f["guest_ms"] = t
+	}
+	s.o.Log.WithFields(f).Info("process started")
 	if req.ExecID == "" {
 		s.publish(ctx, runtime.TaskStartEventTopic, &eventstypes.TaskStart{ContainerID: req.ID, Pid: pid})
 	} else {

@@ -50,6 +50,8 @@ type Agent struct {
 	BlockDeviceErr error
 	// DialStreamErr, when set, is DialStream's answer.
 	DialStreamErr error
+	// FreshenErr, when set, is Freshen's answer.
+	FreshenErr error
 	// TreeErr, when set, is SyncTree's answer.
 	TreeErr error
 	trees   map[string]sandbox.Tree
@@ -199,6 +201,37 @@ func (a *Agent) mountDisk(req sandbox.MountDiskRequest) (string, error) {
 	if err := a.enter("MountDisk"); err != nil {
 		return "", err
 	}
+	return a.mount(req)
+}
+
+// Freshen is SetTime, ReseedRandom and MountDisk in one call, recorded as
+// "Freshen"; FreshenErr, when set, is its answer (an older agent's is one
+// wrapping errdefs.ErrNotImplemented).
+func (a *Agent) Freshen(ctx context.Context, req sandbox.FreshenRequest) (sandbox.MountedDisk, error) {
+	if err := a.enter("Freshen"); err != nil {
+		return sandbox.MountedDisk{}, err
+	}
+	if a.FreshenErr != nil {
+		return sandbox.MountedDisk{}, a.FreshenErr
+	}
+	if req.Time.IsZero() {
+		return sandbox.MountedDisk{}, errors.New("zero time")
+	}
+	if len(req.Entropy) < 16 || len(req.Entropy) > 4096 {
+		return sandbox.MountedDisk{}, fmt.Errorf("entropy of %d bytes, want 16..4096", len(req.Entropy))
+	}
+	if req.Mount == nil {
+		return sandbox.MountedDisk{}, nil
+	}
+	mp, err := a.mount(*req.Mount)
+	if err != nil {
+		return sandbox.MountedDisk{}, err
+	}
+	return sandbox.MountedDisk{MountPoint: mp, Timing: "fake=0"}, nil
+}
+
+// mount records req's disk as mounted.
+func (a *Agent) mount(req sandbox.MountDiskRequest) (string, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.disks != nil {
@@ -320,22 +353,22 @@ func (a *Agent) lookup(cid, eid string) (*proc, error) {
 	return p, nil
 }
 
-func (a *Agent) Start(ctx context.Context, cid, eid string) (uint32, error) {
+func (a *Agent) Start(ctx context.Context, cid, eid string) (uint32, string, error) {
 	if err := a.enter("Start"); err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	p, err := a.lookup(cid, eid)
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if p.state != "created" {
-		return 0, fmt.Errorf("process %s/%s is %s", cid, eid, p.state)
+		return 0, "", fmt.Errorf("process %s/%s is %s", cid, eid, p.state)
 	}
 	p.state = "running"
 	go a.run(p)
-	return p.pid, nil
+	return p.pid, "exec=0.1", nil
 }
 
 // run plays the process's script. Unrequested streams go to io.Discard.
