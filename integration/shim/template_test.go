@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cube-runtime/cube/integration/cubetest"
+	"github.com/cube-runtime/cube/shim/sandbox"
 	"github.com/cube-runtime/cube/shim/template"
 )
 
@@ -49,6 +50,11 @@ func TestTemplatesByDefault(t *testing.T) {
 	}
 	if l := keys(); len(l) != 1 || !l[0].Meta.Created.Equal(first.Meta.Created) {
 		t.Fatalf("templates after the second run: %+v, want only %+v", l, first)
+	}
+	// The restored guest's clock, RNG and rootfs mount were one agent call
+	// (Freshen): the initrd's agent has it, so no fallback was logged.
+	if strings.Contains(log1+log2, sandbox.LogOlderAgentFreshen) || !strings.Contains(cubetest.GrepLines(log2, "rootfs attached"), "mount=") {
+		t.Fatalf("restored guest not freshened and mounted in one call; shim log:\n%s", cubetest.GrepLines(log1+log2, "Freshen")+cubetest.GrepLines(log2, "rootfs attached"))
 	}
 	if strings.Contains(log1+log2, cubetest.LogStandbyStarted) {
 		t.Fatalf("standby VMs are off by default, but a run left one:\n%s", cubetest.GrepLines(log1+log2, "standby"))

@@ -30,14 +30,14 @@ func TestFreshenOneCall(t *testing.T) {
 	ctx := context.Background()
 	a := &freshenOnce{}
 	before := time.Now()
-	if err := freshenRestoredGuest(ctx, a); err != nil {
+	if err := freshenRestoredGuest(ctx, a, nil); err != nil {
 		t.Fatal(err)
 	}
 	if len(a.got) != 1 || a.got[0].Time.Before(before) || len(a.got[0].Entropy) != 64 || a.got[0].Mount != nil {
 		t.Fatalf("Freshen calls %+v: want one, time after %v, 64 bytes of entropy, no mount", a.got, before)
 	}
 	a = &freshenOnce{err: errors.New("set clock: EPERM")}
-	if err := freshenRestoredGuest(ctx, a); err == nil || !strings.Contains(err.Error(), "freshen the restored guest: set clock: EPERM") {
+	if err := freshenRestoredGuest(ctx, a, nil); err == nil || !strings.Contains(err.Error(), "freshen the restored guest: set clock: EPERM") {
 		t.Fatalf("freshen error: %v", err)
 	}
 }
@@ -87,7 +87,7 @@ func TestFreshenOlderAgentIssuesBothCallsTogether(t *testing.T) {
 	defer cancel()
 	a := newAgent()
 	before := time.Now()
-	if err := freshenRestoredGuest(ctx, a); err != nil {
+	if err := freshenRestoredGuest(ctx, a, nil); err != nil {
 		t.Fatalf("freshen: %v (one call waited for the other)", err)
 	}
 	if a.gotTime.Before(before) || a.gotEntropyLength != 64 {
@@ -103,7 +103,7 @@ func TestFreshenOlderAgentIssuesBothCallsTogether(t *testing.T) {
 	} {
 		a := newAgent()
 		a.timeErr, a.rngErr = c.timeErr, c.rngErr
-		if err := freshenRestoredGuest(ctx, a); err == nil || !strings.Contains(err.Error(), c.want) {
+		if err := freshenRestoredGuest(ctx, a, nil); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("errors %v, %v: freshen %v, want %q", c.timeErr, c.rngErr, err, c.want)
 		}
 	}

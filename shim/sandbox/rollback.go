@@ -182,7 +182,7 @@ func (s *Sandbox) freshenRolledBack(ctx context.Context, agent AgentClient) []st
 	if err := agent.ThawFilesystems(ctx); err != nil {
 		warnings = append(warnings, fmt.Sprintf("thaw guest filesystems: %v (writes in the guest block until they thaw)", err))
 	}
-	if err := freshenRestoredGuest(ctx, agent); err != nil {
+	if err := freshenRestoredGuest(ctx, agent, s.o.Log); err != nil {
 		warnings = append(warnings, err.Error())
 	}
 	for _, w := range warnings {

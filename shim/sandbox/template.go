@@ -98,14 +98,17 @@ func (s *Sandbox) snapshotNICs(a *NetworkAttachment) (replace bool, err error) {
 // freshenRestoredGuest fixes what a restore leaves stale: the guest clock
 // resumes at snapshot time, and every VM restored from one template would
 // share the template's RNG state. One Freshen call; an agent without it
-// gets SetTime and ReseedRandom, issued together.
-func freshenRestoredGuest(ctx context.Context, agent AgentClient) error {
+// gets SetTime and ReseedRandom, issued together (logged on log, if any).
+func freshenRestoredGuest(ctx context.Context, agent AgentClient, log *logrus.Entry) error {
 	entropy, err := hostEntropy()
 	if err != nil {
 		return err
 	}
 	_, err = agent.Freshen(ctx, FreshenRequest{Time: time.Now(), Entropy: entropy})
 	if errors.Is(err, errdefs.ErrNotImplemented) {
+		if log != nil {
+			log.Info(LogOlderAgentFreshen)
+		}
 		return setTimeAndReseed(ctx, agent, entropy)
 	}
 	if err != nil {
@@ -113,6 +116,10 @@ func freshenRestoredGuest(ctx context.Context, agent AgentClient) error {
 	}
 	return nil
 }
+
+// LogOlderAgentFreshen is the shim's line when a restored guest's agent
+// has no Freshen call and gets the separate calls instead.
+const LogOlderAgentFreshen = "the guest agent predates Freshen: clock, RNG and rootfs mount are separate calls (an initrd of an older release; rebuild it with this release's cube-agent)"
 
 // hostEntropy is 64 bytes for the guest's RNG.
 func hostEntropy() ([]byte, error) {
@@ -158,7 +165,7 @@ func (s *Sandbox) freshenAndMount(ctx context.Context, agent AgentClient) error 
 	}
 	s.mu.Unlock()
 	if !first {
-		return freshenRestoredGuest(ctx, agent)
+		return freshenRestoredGuest(ctx, agent, s.o.Log)
 	}
 	entropy, err := hostEntropy()
 	if err != nil {
@@ -168,6 +175,7 @@ func (s *Sandbox) freshenAndMount(ctx context.Context, agent AgentClient) error 
 	req := rootfsMountRequest(sl.serial)
 	md, err := agent.Freshen(ctx, FreshenRequest{Time: time.Now(), Entropy: entropy, Mount: &req})
 	if errors.Is(err, errdefs.ErrNotImplemented) {
+		s.o.Log.Info(LogOlderAgentFreshen)
 		md, err = freshenThenMount(ctx, agent, entropy, req, sl.owner)
 	} else if err != nil {
 		err = fmt.Errorf("freshen the restored guest and mount the rootfs of %s: %w", sl.owner, err)
