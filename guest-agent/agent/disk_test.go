@@ -44,28 +44,31 @@ func run(t testing.TB, name string, args ...string) string {
 	return string(b)
 }
 
-// A disk found by serial, mounted as a container rootfs, frozen and thawed.
-// A loop device stands in for the virtio-blk disk; a fake /sys/block gives
-// it the serial the VMM would.
-func TestDiskRootfsFreezeThaw(t *testing.T) {
+// rootfsDisk is a busybox rootfs in a 64 MiB ext4 image on a loop device
+// with serial in a fake /sys/block (loopDisk), whose read_ahead_kb reads
+// 128: it returns the device, the fake /sys/block and that file. Root
+// only; skips without the tools.
+func rootfsDisk(t *testing.T, serial string) (dev, sys, ra string) {
 	needRoot(t)
 	for _, tool := range []string{"mkfs.ext4", "losetup"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("needs %s (e2fsprogs, util-linux) to build a test disk", tool)
 		}
 	}
-	root := makeRootfs(t)
 	img := filepath.Join(t.TempDir(), "rootfs.ext4")
-	run(t, "mkfs.ext4", "-q", "-F", "-d", root, img, "64M")
-	dev := strings.TrimSpace(run(t, "losetup", "-f", "--show", img))
-	t.Cleanup(func() { run(t, "losetup", "-d", dev) })
-
-	sys := t.TempDir()
-	os.MkdirAll(filepath.Join(sys, filepath.Base(dev)), 0o755)
-	os.WriteFile(filepath.Join(sys, filepath.Base(dev), "serial"), []byte("cube-rootfs-1\n"), 0o444)
-	ra := filepath.Join(sys, filepath.Base(dev), "queue", "read_ahead_kb")
+	run(t, "mkfs.ext4", "-q", "-F", "-d", makeRootfs(t), img, "64M")
+	dev, sys = loopDisk(t, img, serial)
+	ra = filepath.Join(sys, filepath.Base(dev), "queue", "read_ahead_kb")
 	os.MkdirAll(filepath.Dir(ra), 0o755)
 	os.WriteFile(ra, []byte("128\n"), 0o644)
+	return dev, sys, ra
+}
+
+// A disk found by serial, mounted as a container rootfs, frozen and thawed.
+// A loop device stands in for the virtio-blk disk; a fake /sys/block gives
+// it the serial the VMM would.
+func TestDiskRootfsFreezeThaw(t *testing.T) {
+	dev, sys, ra := rootfsDisk(t, "cube-rootfs-1")
 	h := newHarness(t, func(c *Config) { c.SysBlock = sys })
 	ctx := context.Background()
 
@@ -122,21 +125,7 @@ func TestDiskRootfsFreezeThaw(t *testing.T) {
 
 // Freshen's mount is MountDisk's: found by serial, mounted, readahead set.
 func TestFreshenMountsDisk(t *testing.T) {
-	needRoot(t)
-	for _, tool := range []string{"mkfs.ext4", "losetup"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("needs %s (e2fsprogs, util-linux) to build a test disk", tool)
-		}
-	}
-	img := filepath.Join(t.TempDir(), "rootfs.ext4")
-	run(t, "mkfs.ext4", "-q", "-F", "-d", makeRootfs(t), img, "64M")
-	dev := strings.TrimSpace(run(t, "losetup", "-f", "--show", img))
-	t.Cleanup(func() { run(t, "losetup", "-d", dev) })
-	sys := t.TempDir()
-	ra := filepath.Join(sys, filepath.Base(dev), "queue", "read_ahead_kb")
-	os.MkdirAll(filepath.Dir(ra), 0o755)
-	os.WriteFile(filepath.Join(sys, filepath.Base(dev), "serial"), []byte("cube-rootfs-2\n"), 0o444)
-	os.WriteFile(ra, []byte("128\n"), 0o644)
+	dev, sys, ra := rootfsDisk(t, "cube-rootfs-2")
 	var clock time.Time
 	h := newHarness(t, func(c *Config) {
 		c.SysBlock = sys

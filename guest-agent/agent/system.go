@@ -201,9 +201,25 @@ func fsIoctl(mp string, req uint) error {
 	return nil
 }
 
+// validTime checks SetTime's (and Freshen's) time.
+func validTime(unixNano int64) error {
+	if unixNano <= 0 {
+		return errInvalid("time %d is not after the epoch", unixNano)
+	}
+	return nil
+}
+
+// validEntropy checks ReseedRandom's (and Freshen's) host entropy.
+func validEntropy(b []byte) error {
+	if n := len(b); n < 16 || n > 4096 {
+		return errInvalid("entropy is %d bytes, want 16..4096", n)
+	}
+	return nil
+}
+
 func (s *Service) SetTime(ctx context.Context, req *protocol.SetTimeRequest) (*protocol.Empty, error) {
-	if req.UnixNano <= 0 {
-		return nil, errInvalid("time %d is not after the epoch", req.UnixNano)
+	if err := validTime(req.UnixNano); err != nil {
+		return nil, err
 	}
 	if err := s.cfg.SetClock(time.Unix(0, req.UnixNano)); err != nil {
 		return nil, toStatus(err, "set clock")
@@ -212,8 +228,8 @@ func (s *Service) SetTime(ctx context.Context, req *protocol.SetTimeRequest) (*p
 }
 
 func (s *Service) ReseedRandom(ctx context.Context, req *protocol.ReseedRandomRequest) (*protocol.Empty, error) {
-	if n := len(req.Entropy); n < 16 || n > 4096 {
-		return nil, errInvalid("entropy is %d bytes, want 16..4096", n)
+	if err := validEntropy(req.Entropy); err != nil {
+		return nil, err
 	}
 	if err := addEntropy(s.cfg.RandomDevice, req.Entropy, true); err != nil {
 		return nil, toStatus(err, "reseed RNG")
@@ -228,11 +244,11 @@ func (s *Service) ReseedRandom(ctx context.Context, req *protocol.ReseedRandomRe
 // request changes nothing; the clock is stepped before the mount, so the
 // file system records the real mount time.
 func (s *Service) Freshen(ctx context.Context, req *protocol.FreshenRequest) (*protocol.FreshenResponse, error) {
-	if req.UnixNano <= 0 {
-		return nil, errInvalid("freshen: time %d is not after the epoch", req.UnixNano)
+	if err := validTime(req.UnixNano); err != nil {
+		return nil, err
 	}
-	if n := len(req.Entropy); n < 16 || n > 4096 {
-		return nil, errInvalid("freshen: entropy is %d bytes, want 16..4096", n)
+	if err := validEntropy(req.Entropy); err != nil {
+		return nil, err
 	}
 	if _, err := s.SetTime(ctx, &protocol.SetTimeRequest{UnixNano: req.UnixNano}); err != nil {
 		return nil, err

@@ -31,9 +31,19 @@ var stepLines = []string{"sandbox started", "restored and running", "rootfs atta
 // valueFields are log lines with a value worth a median outside steps_ms:
 // the agent dials a start needed (shim/sandbox's dialAgent), what the
 // shim's Start took (shim/task).
-var valueFields = map[string]struct{ field, unit string }{
-	"agent answered":  {"attempts", "count"},
-	"process started": {"took_ms", "ms"},
+var valueFields = map[string]valueField{
+	"agent answered":  newValueField("attempts", "count"),
+	"process started": newValueField("took_ms", "ms"),
+}
+
+// valueField is a field=number of a log line and its unit.
+type valueField struct {
+	field, unit string
+	re          *regexp.Regexp
+}
+
+func newValueField(field, unit string) valueField {
+	return valueField{field, unit, regexp.MustCompile(`\b` + field + `=([0-9.]+)`)}
 }
 
 // runSteps collects the figures of runs.
@@ -76,7 +86,7 @@ func (r *runSteps) add(log string, start time.Time, took time.Duration) {
 			if !isMsg(l, msg) {
 				continue
 			}
-			if m := regexp.MustCompile(`\b` + f.field + `=([0-9.]+)`).FindStringSubmatch(l); m != nil {
+			if m := f.re.FindStringSubmatch(l); m != nil {
 				k := msg + ": " + f.field + " (" + f.unit + ")"
 				v, _ := strconv.ParseFloat(m[1], 64)
 				r.steps[k] = append(r.steps[k], v)

@@ -97,24 +97,34 @@ func (s *Sandbox) snapshotNICs(a *NetworkAttachment) (replace bool, err error) {
 
 // freshenRestoredGuest fixes what a restore leaves stale: the guest clock
 // resumes at snapshot time, and every VM restored from one template would
-// share the template's RNG state. One Freshen call; an agent without it
-// gets SetTime and ReseedRandom, issued together (logged on log, if any).
+// share the template's RNG state (freshen without a mount).
 func freshenRestoredGuest(ctx context.Context, agent AgentClient, log *logrus.Entry) error {
+	_, err := freshen(ctx, agent, log, nil, "")
+	return err
+}
+
+// freshen steps the restored guest's clock, reseeds its RNG and, when mount
+// is set, mounts that disk (the rootfs of container owner), in one Freshen
+// call. An agent without it gets the separate calls, issued together
+// (freshenSeparately; logged on log, if any).
+func freshen(ctx context.Context, agent AgentClient, log *logrus.Entry, mount *MountDiskRequest, owner string) (MountedDisk, error) {
 	entropy, err := hostEntropy()
 	if err != nil {
-		return err
+		return MountedDisk{}, err
 	}
-	_, err = agent.Freshen(ctx, FreshenRequest{Time: time.Now(), Entropy: entropy})
-	if errors.Is(err, errdefs.ErrNotImplemented) {
+	md, err := agent.Freshen(ctx, FreshenRequest{Time: time.Now(), Entropy: entropy, Mount: mount})
+	switch {
+	case errors.Is(err, errdefs.ErrNotImplemented):
 		if log != nil {
 			log.Info(LogOlderAgentFreshen)
 		}
-		return setTimeAndReseed(ctx, agent, entropy)
+		return freshenSeparately(ctx, agent, entropy, mount, owner)
+	case err != nil && mount != nil:
+		return MountedDisk{}, fmt.Errorf("freshen the restored guest and mount the rootfs of %s: %w", owner, err)
+	case err != nil:
+		return MountedDisk{}, fmt.Errorf("freshen the restored guest: %w", err)
 	}
-	if err != nil {
-		return fmt.Errorf("freshen the restored guest: %w", err)
-	}
-	return nil
+	return md, nil
 }
 
 // LogOlderAgentFreshen is the shim's line when a restored guest's agent
@@ -167,19 +177,9 @@ func (s *Sandbox) freshenAndMount(ctx context.Context, agent AgentClient) error 
 	if !first {
 		return freshenRestoredGuest(ctx, agent, s.o.Log)
 	}
-	entropy, err := hostEntropy()
-	if err != nil {
-		return err
-	}
 	steps := NewSteps(time.Now())
 	req := rootfsMountRequest(sl.serial)
-	md, err := agent.Freshen(ctx, FreshenRequest{Time: time.Now(), Entropy: entropy, Mount: &req})
-	if errors.Is(err, errdefs.ErrNotImplemented) {
-		s.o.Log.Info(LogOlderAgentFreshen)
-		md, err = freshenThenMount(ctx, agent, entropy, req, sl.owner)
-	} else if err != nil {
-		err = fmt.Errorf("freshen the restored guest and mount the rootfs of %s: %w", sl.owner, err)
-	}
+	md, err := freshen(ctx, agent, s.o.Log, &req, sl.owner)
 	if err != nil {
 		return err
 	}
@@ -191,16 +191,19 @@ func (s *Sandbox) freshenAndMount(ctx context.Context, agent AgentClient) error 
 	return nil
 }
 
-// freshenThenMount is freshenAndMount for an agent without Freshen: the
-// three calls issued together.
-func freshenThenMount(ctx context.Context, agent AgentClient, entropy []byte, req MountDiskRequest, owner string) (MountedDisk, error) {
+// freshenSeparately is freshen for an agent without Freshen: SetTime,
+// ReseedRandom and, with mount, MountDisk, issued together.
+func freshenSeparately(ctx context.Context, agent AgentClient, entropy []byte, mount *MountDiskRequest, owner string) (MountedDisk, error) {
+	if mount == nil {
+		return MountedDisk{}, setTimeAndReseed(ctx, agent, entropy)
+	}
 	type mounted struct {
 		md  MountedDisk
 		err error
 	}
 	done := make(chan mounted, 1)
 	go func() {
-		md, err := agent.MountDisk(ctx, req)
+		md, err := agent.MountDisk(ctx, *mount)
 		done <- mounted{md, err}
 	}()
 	err := setTimeAndReseed(ctx, agent, entropy)

@@ -214,11 +214,8 @@ func (a *Agent) Freshen(ctx context.Context, req sandbox.FreshenRequest) (sandbo
 	if a.FreshenErr != nil {
 		return sandbox.MountedDisk{}, a.FreshenErr
 	}
-	if req.Time.IsZero() {
-		return sandbox.MountedDisk{}, errors.New("zero time")
-	}
-	if len(req.Entropy) < 16 || len(req.Entropy) > 4096 {
-		return sandbox.MountedDisk{}, fmt.Errorf("entropy of %d bytes, want 16..4096", len(req.Entropy))
+	if err := errors.Join(checkTime(req.Time), checkEntropy(req.Entropy)); err != nil {
+		return sandbox.MountedDisk{}, err
 	}
 	if req.Mount == nil {
 		return sandbox.MountedDisk{}, nil
@@ -618,17 +615,32 @@ func (a *Agent) Frozen() bool {
 }
 
 func (a *Agent) SetTime(ctx context.Context, t time.Time) error {
-	if t.IsZero() {
-		return errors.New("zero time")
+	if err := checkTime(t); err != nil {
+		return err
 	}
 	return a.enter("SetTime")
 }
 
 func (a *Agent) ReseedRandom(ctx context.Context, entropy []byte) error {
+	if err := checkEntropy(entropy); err != nil {
+		return err
+	}
+	return a.enter("ReseedRandom")
+}
+
+// checkTime and checkEntropy refuse what the agent refuses.
+func checkTime(t time.Time) error {
+	if t.IsZero() {
+		return errors.New("zero time")
+	}
+	return nil
+}
+
+func checkEntropy(entropy []byte) error {
 	if len(entropy) < 16 || len(entropy) > 4096 {
 		return fmt.Errorf("entropy of %d bytes, want 16..4096", len(entropy))
 	}
-	return a.enter("ReseedRandom")
+	return nil
 }
 func (a *Agent) PowerOff(ctx context.Context) error { return a.enter("PowerOff") }
 
