@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
 
 	"github.com/cube-runtime/cube/hypervisor/memory"
 	"github.com/cube-runtime/cube/hypervisor/snapshot"
@@ -124,7 +125,7 @@ func (m *Machine) Snapshot(dir string, opt SnapshotOptions) (st SnapshotStats, e
 	need := int64(m.mem.Size())
 	for _, d := range shape.Disks {
 		if !d.ReadOnly {
-			need += d.Size
+			need += allocatedBytes(d.Source, d.Size)
 		}
 	}
 	w, err := snapshot.Create(dir, need)
@@ -428,4 +429,14 @@ func (m *Machine) thawLocked(wasRunning bool) {
 		}
 		m.cpus.Resume()
 	}
+}
+
+// allocatedBytes is what a copy of the disk at path can take: a file's
+// blocks (a copy keeps its holes: snapshot.CloneDisk), else size.
+func allocatedBytes(path string, size int64) int64 {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return size // a block device is copied whole
+	}
+	return min(st.Blocks*512, size)
 }

@@ -90,19 +90,82 @@ func cloneInto(dst *os.File, src string) (int64, bool, error) {
 	if err := unix.IoctlFileClone(int(dst.Fd()), int(s.Fd())); err == nil {
 		return fi.Size(), true, nil
 	}
-	// No reflink (ext4, tmpfs, cross-device): copy. io.Copy between files
-	// uses copy_file_range, which stays in the kernel.
-	if err := dst.Truncate(0); err != nil {
-		return 0, false, fmt.Errorf("clone %s: %w", src, err)
+	if !fi.Mode().IsRegular() {
+		// A block device: no holes to keep, and its Stat size is 0.
+		if err := dst.Truncate(0); err != nil {
+			return 0, false, fmt.Errorf("clone %s: %w", src, err)
+		}
+		n, err := io.Copy(io.NewOffsetWriter(dst, 0), s)
+		if err != nil {
+			return 0, false, fmt.Errorf("copy %s: %w", src, err)
+		}
+		return n, false, nil
 	}
-	if _, err := dst.Seek(0, io.SeekStart); err != nil {
-		return 0, false, fmt.Errorf("clone %s: %w", src, err)
-	}
-	n, err := io.Copy(dst, s)
-	if err != nil {
+	// No reflink (ext4, tmpfs, cross-device): copy what the file holds.
+	if err := copySparse(dst, s, fi.Size()); err != nil {
 		return 0, false, fmt.Errorf("copy %s: %w", src, err)
 	}
-	return n, false, nil
+	return fi.Size(), false, nil
+}
+
+// copySparse makes dst (empty or not) a copy of the first size bytes of
+// src that keeps src's holes: only the ranges SEEK_DATA finds are copied,
+// so a 64 MiB rootfs image holding 8 MiB, or a drive slot's sparse stub,
+// costs what it holds, not its size. The copy stays in the kernel
+// (copy_file_range) where it can, and goes through a buffer where it cannot
+// (two file systems of different types). A file system without SEEK_DATA
+// reports the whole file as data: a full copy.
+func copySparse(dst, src *os.File, size int64) error {
+	// Ordering: emptied first, so no byte of dst's old contents survives
+	// in a range that is a hole in src.
+	if err := dst.Truncate(0); err != nil {
+		return err
+	}
+	if err := dst.Truncate(size); err != nil {
+		return err
+	}
+	sfd := int(src.Fd())
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(sfd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			return nil // only a hole remains
+		}
+		if err != nil {
+			return fmt.Errorf("seek data at %d: %w", off, err)
+		}
+		hole, err := unix.Seek(sfd, data, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("seek hole at %d: %w", data, err)
+		}
+		hole = min(hole, size)
+		if data >= hole {
+			return nil
+		}
+		if err := copyRange(dst, src, data, hole); err != nil {
+			return fmt.Errorf("range [%d,%d): %w", data, hole, err)
+		}
+		off = hole
+	}
+	return nil
+}
+
+// copyRange copies [from, to) of src to the same offsets of dst.
+func copyRange(dst, src *os.File, from, to int64) error {
+	in, out := from, from
+	for in < to {
+		n, err := unix.CopyFileRange(int(src.Fd()), &in, int(dst.Fd()), &out, int(min(to-in, 1<<30)), 0)
+		switch {
+		case errors.Is(err, unix.EXDEV) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP):
+			// Not between these two files: through a buffer.
+			_, err := io.Copy(io.NewOffsetWriter(dst, in), io.NewSectionReader(src, in, to-in))
+			return err
+		case err != nil:
+			return err
+		case n == 0:
+			return fmt.Errorf("source ends at %d: it shrank while it was copied", in)
+		}
+	}
+	return nil
 }
 
 // CloneFile makes the file at dst a copy of src (reflink or copy), via a

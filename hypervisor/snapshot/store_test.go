@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func testManifest() *Manifest {
@@ -318,4 +321,101 @@ func edit(t *testing.T, p, from, to string) {
 		t.Fatalf("%s has no %q:\n%s", p, from, b)
 	}
 	os.WriteFile(p, bytes.Replace(b, []byte(from), []byte(to), 1), 0o600)
+}
+
+// TestCopyKeepsHoles: a disk copied without a reflink (copySparse, and
+// CloneFile, which reflinks where it can) has the source's bytes and size,
+// and its holes stay holes: a sparse 64 MiB file holding 16 KiB costs about
+// that, not 64 MiB. The destination's old contents do not survive in a hole.
+func TestCopyKeepsHoles(t *testing.T) {
+	dir := t.TempDir()
+	const size = 64 << 20
+	src, err := os.Create(filepath.Join(dir, "src.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	if err := src.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	for _, off := range []int64{0, 1 << 20, 1<<20 + 4096, size - 4096} {
+		if _, err := src.WriteAt(bytes.Repeat([]byte{byte(off>>12) | 1}, 4096), off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(src.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	allocated := func(path string) int64 {
+		t.Helper()
+		var st unix.Stat_t
+		if err := unix.Stat(path, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Blocks * 512
+	}
+	check := func(name string) {
+		t.Helper()
+		got, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("%s: contents differ from the source (%d bytes, want %d)", name, len(got), len(want))
+		}
+		if a, s := allocated(filepath.Join(dir, name)), allocated(src.Name()); a > s+256<<10 {
+			t.Fatalf("%s: %d bytes allocated for a source of %d: holes were filled", name, a, s)
+		}
+	}
+
+	dst, err := os.Create(filepath.Join(dir, "dst.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Close()
+	if _, err := dst.Write(bytes.Repeat([]byte{0xee}, 3<<20)); err != nil { // old contents over a hole
+		t.Fatal(err)
+	}
+	if err := copySparse(dst, src, size); err != nil {
+		t.Fatal(err)
+	}
+	check("dst.img")
+
+	if _, err := CloneFile(filepath.Join(dir, "clone.img"), src.Name()); err != nil {
+		t.Fatal(err)
+	}
+	check("clone.img")
+}
+
+// TestCloneBlockDevice: a disk that is a host block device (a loop device
+// here) is copied whole: its Stat size is 0, and it has no holes to keep.
+// Needs root and losetup; skipped otherwise.
+func TestCloneBlockDevice(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a loop device")
+	}
+	losetup, err := exec.LookPath("losetup")
+	if err != nil {
+		t.Skip("no losetup")
+	}
+	dir := t.TempDir()
+	want := bytes.Repeat([]byte("blockdev"), 64<<10) // 512 KiB
+	img := filepath.Join(dir, "loop.img")
+	if err := os.WriteFile(img, want, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(losetup, "--read-only", "--find", "--show", img).Output()
+	if err != nil {
+		t.Skipf("losetup: %v", err)
+	}
+	loop := strings.TrimSpace(string(out))
+	t.Cleanup(func() { _ = exec.Command(losetup, "-d", loop).Run() })
+	copyPath := filepath.Join(dir, "copy.img")
+	if _, err := CloneFile(copyPath, loop); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(copyPath); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("copy of %s: %d bytes (%v), want the device's %d", loop, len(got), err, len(want))
+	}
 }
