@@ -137,7 +137,7 @@ e2e-sdk: deps build
 	bash contrib/scripts/e2e-sdk.sh
 
 # Every fuzz target, one after another (each part's FUZZTIME / DEVICE_FUZZTIME per target).
-fuzz: fuzz-hypervisor fuzz-devices agent-fuzz snapshotter-fuzz fuzz-shim fuzz-snapshot fuzz-store fuzz-cli fuzz-api
+fuzz: fuzz-hypervisor fuzz-devices agent-fuzz snapshotter-fuzz fuzz-shim fuzz-snapshot fuzz-store fuzz-cli fuzz-api fuzz-bench
 
 clean:
 	rm -rf $(BIN)
@@ -339,6 +339,12 @@ fuzz-api:
 	$(GO) test -run '^$$' -fuzz '^FuzzRequests$$' -fuzztime $(FUZZTIME) ./checkpoint/api
 	$(GO) test -run '^$$' -fuzz '^FuzzEnvdParsers$$' -fuzztime $(FUZZTIME) ./checkpoint/api
 # <<< cube-api
+
+.PHONY: fuzz-bench
+# The benchmarks' parsers of the test host's process accounting records and /proc/PID/stat lines.
+fuzz-bench:
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./integration/procacct
+	$(GO) test -run '^$$' -fuzz '^FuzzParseStat$$' -fuzztime $(FUZZTIME) ./integration/procacct
 
 # >>> cube-api and SDKs (issue 15) — the HTTP facade, checkpoint/api; SDKs in contrib/sdk/.
 .PHONY: cube-api e2e-api test-sdk

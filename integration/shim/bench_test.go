@@ -42,22 +42,27 @@ func BenchmarkCtrRunTrue(b *testing.B) {
 	_, err := os.Stat("/cube/bin/runc")
 	haveRunc := err == nil
 	var pairs pairedRuns
+	cpu := newRunCPU()
 	// runTrue is one timed `ctr run --rm … id true` with the runtime flags
-	// args; from is where its lines begin in containerd's log.
-	runTrue := func(id string, args []string) (start time.Time, took time.Duration, from int64, err error) {
+	// args, its CPU counted for variant; from is where its lines begin in
+	// containerd's log.
+	runTrue := func(b *testing.B, variant, id string, args []string) (start time.Time, took time.Duration, from int64, err error) {
 		cargs := append(append([]string{"run", "--rm"}, args...), cubetest.ImageRef, id, "true")
 		from = d.LogSize()
-		start = time.Now()
-		out, rc, err := d.CtrQuiet(nil, cargs...)
-		took = time.Since(start)
-		if err != nil || rc != 0 {
-			d.Forget(id)
-			return start, took, from, d.CtrFailure(cargs, out, rc, err, from)
-		}
-		return start, took, from, nil
+		err = cpu.measure(b, variant, func() error {
+			start = time.Now()
+			out, rc, err := d.CtrQuiet(nil, cargs...)
+			took = time.Since(start)
+			if err != nil || rc != 0 {
+				d.Forget(id)
+				return d.CtrFailure(cargs, out, rc, err, from)
+			}
+			return nil
+		})
+		return start, took, from, err
 	}
 	runc := func(b *testing.B, id string) time.Duration {
-		_, took, _, err := runTrue(id, cubetest.RuncRuntime.Args)
+		_, took, _, err := runTrue(b, "runc (interleaved)", id, cubetest.RuncRuntime.Args)
 		if err != nil {
 			b.Fatalf("interleaved runc run: %v", err)
 		}
@@ -78,7 +83,7 @@ func BenchmarkCtrRunTrue(b *testing.B) {
 			loss.Stop(b, loss.Sample(fmt.Sprintf("%s run %d", name, len(times)+1), func() error {
 				n++
 				id := fmt.Sprintf("%s%d", name, n) // a fresh sandbox per attempt
-				start, t, from, err := runTrue(id, args)
+				start, t, from, err := runTrue(b, name, id, args)
 				if err != nil {
 					return err
 				}
@@ -109,7 +114,9 @@ func BenchmarkCtrRunTrue(b *testing.B) {
 	b.Run("cube-template", func(b *testing.B) {
 		if haveRunc {
 			// Untimed: the overlayfs snapshotter unpacks the image on runc's first run.
-			runc(b, "pair-warm")
+			if _, _, _, err := runTrue(b, "untimed", "pair-warm", cubetest.RuncRuntime.Args); err != nil {
+				b.Fatal(err)
+			}
 		}
 		loss := benchloss.New(b)
 		run(b, loss, "cube-template", d.templateRuntime(b, loss)...)
@@ -122,6 +129,7 @@ func BenchmarkCtrRunTrue(b *testing.B) {
 	})
 	fmt.Print(runTable(medians, lost))
 	fmt.Print(pairs.table())
+	fmt.Print(cpu.table([]string{"cube-template", "runc (interleaved)", "runc", "cube-cold"}))
 	for _, n := range []string{"cube-template", "cube-cold"} {
 		if st := steps[n]; st != nil {
 			fmt.Print(st.table(n))
