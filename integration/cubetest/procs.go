@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"github.com/cube-runtime/cube/integration/procacct"
 )
 
 // ProcsNamed lists the pids of processes whose argv[0] is named name.
@@ -31,38 +33,15 @@ func ProcsNamed(name string) []int {
 }
 
 // ThreadStat is what the tests read of /proc/…/stat.
-type ThreadStat struct {
-	Comm, State  string
-	PPID         string
-	UTime, STime int // clock ticks
-	// CUTime, CSTime: the waited-for children's (clock ticks).
-	CUTime, CSTime int
-}
+type ThreadStat = procacct.Stat
 
-// ReadStat parses the stat file at path ("pid (comm) S ppid … utime(14)
-// stime(15) cutime(16) cstime(17)"; comm may hold spaces and parentheses).
+// ReadStat parses the stat file at path (procacct.ParseStat).
 func ReadStat(path string) (ThreadStat, bool) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return ThreadStat{}, false
 	}
-	s := string(b)
-	i, j := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-	if i < 0 || j < i {
-		return ThreadStat{}, false
-	}
-	f := strings.Fields(s[j+1:])
-	if len(f) < 13 {
-		return ThreadStat{}, false
-	}
-	st := ThreadStat{Comm: s[i+1 : j], State: f[0], PPID: f[1]}
-	fmt.Sscan(f[11], &st.UTime)
-	fmt.Sscan(f[12], &st.STime)
-	if len(f) >= 15 {
-		fmt.Sscan(f[13], &st.CUTime)
-		fmt.Sscan(f[14], &st.CSTime)
-	}
-	return st, true
+	return procacct.ParseStat(string(b))
 }
 
 // ProcThreads describes process pid's threads for a hang report: each

@@ -147,35 +147,47 @@ func LiveCPU() map[string]time.Duration {
 		if err != nil {
 			continue // exited meanwhile
 		}
-		if comm, ticks, ok := ParseStat(string(b)); ok {
-			m[comm] += time.Duration(ticks) * clockTick
+		if st, ok := ParseStat(string(b)); ok {
+			m[st.Comm] += time.Duration(st.UTime+st.STime) * clockTick
 		}
 	}
 	return m
 }
 
-// ParseStat returns the name and the user plus system time (clock ticks)
-// of a /proc/PID/stat line. The name is between the first '(' and the last
-// ')' (it may hold both).
-func ParseStat(line string) (comm string, ticks int64, ok bool) {
+// Stat is what the benchmarks and tests read of a /proc/PID/stat (or
+// /proc/PID/task/TID/stat) line. Times are in clock ticks.
+type Stat struct {
+	Comm, State  string
+	PPID         string
+	UTime, STime int
+	// CUTime, CSTime: the waited-for children's.
+	CUTime, CSTime int
+}
+
+// ParseStat parses a stat line ("pid (comm) S ppid … utime(14) stime(15)
+// cutime(16) cstime(17)"): the name is between the first '(' and the last
+// ')', as it may hold both, and spaces.
+func ParseStat(line string) (Stat, bool) {
 	i, j := strings.IndexByte(line, '('), strings.LastIndexByte(line, ')')
-	if i < 0 || j < i || j+2 > len(line) {
-		return "", 0, false
+	if i < 0 || j < i {
+		return Stat{}, false
 	}
-	f := strings.Fields(line[j+1:])
 	// After the name: state(0) ppid pgrp session tty_nr tpgid flags minflt
-	// cminflt majflt cmajflt utime(11) stime(12).
+	// cminflt majflt cmajflt utime(11) stime(12) cutime cstime.
+	f := strings.Fields(line[j+1:])
 	if len(f) < 13 {
-		return "", 0, false
+		return Stat{}, false
 	}
-	var u, s int64
-	if _, err := fmt.Sscan(f[11], &u); err != nil || u < 0 {
-		return "", 0, false
+	st := Stat{Comm: line[i+1 : j], State: f[0], PPID: f[1]}
+	for k, p := range []*int{&st.UTime, &st.STime, &st.CUTime, &st.CSTime} {
+		if 11+k >= len(f) {
+			break
+		}
+		if _, err := fmt.Sscan(f[11+k], p); err != nil || *p < 0 {
+			return Stat{}, false
+		}
 	}
-	if _, err := fmt.Sscan(f[12], &s); err != nil || s < 0 {
-		return "", 0, false
-	}
-	return line[i+1 : j], u + s, true
+	return st, true
 }
 
 // Idle is the host's idle and iowait time so far, from /proc/stat.

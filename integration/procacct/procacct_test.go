@@ -51,13 +51,14 @@ func TestParse(t *testing.T) {
 }
 
 func TestParseStat(t *testing.T) {
-	line := "1234 (a (weird) name) S 1 1234 1234 0 -1 4194560 100 0 0 0 31 7 0 0 20 0 1 0 5 1000 10\n"
-	comm, ticks, ok := ParseStat(line)
-	if !ok || comm != "a (weird) name" || ticks != 38 {
-		t.Fatalf("ParseStat: %q %d %v, want %q 38 true", comm, ticks, ok, "a (weird) name")
+	line := "1234 (a (weird) name) S 1 1234 1234 0 -1 4194560 100 0 0 0 31 7 2 3 20 0 1 0 5 1000 10\n"
+	st, ok := ParseStat(line)
+	want := Stat{Comm: "a (weird) name", State: "S", PPID: "1", UTime: 31, STime: 7, CUTime: 2, CSTime: 3}
+	if !ok || st != want {
+		t.Fatalf("ParseStat: %+v %v, want %+v", st, ok, want)
 	}
-	for _, bad := range []string{"", "1 (x", "1 (x) S 1 2", "1 (x) S 1 1 1 0 -1 0 0 0 0 0 -3 1"} {
-		if _, _, ok := ParseStat(bad); ok {
+	for _, bad := range []string{"", "1 (x", "1 (x) S 1 2", "1 (x) S 1 1 1 0 -1 0 0 0 0 0 -3 1", "1 (x) S 1 1 1 0 -1 0 0 0 0 0 3 y"} {
+		if _, ok := ParseStat(bad); ok {
 			t.Errorf("ParseStat(%q) accepted", bad)
 		}
 	}
@@ -110,8 +111,9 @@ func FuzzParse(f *testing.F) {
 func FuzzParseStat(f *testing.F) {
 	f.Add("1 (x) S 1 1 1 0 -1 0 0 0 0 0 3 4 0 0")
 	f.Fuzz(func(t *testing.T, line string) {
-		if comm, ticks, ok := ParseStat(line); ok && (ticks < 0 || strings.Contains(line, "("+comm+")") == false) {
-			t.Fatalf("ParseStat(%q) = %q %d", line, comm, ticks)
+		st, ok := ParseStat(line)
+		if ok && (st.UTime < 0 || st.STime < 0 || st.CUTime < 0 || st.CSTime < 0 || !strings.Contains(line, "("+st.Comm+")")) {
+			t.Fatalf("ParseStat(%q) = %+v", line, st)
 		}
 	})
 }
