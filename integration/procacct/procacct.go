@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -68,8 +69,14 @@ func Parse(data []byte) ([]Record, error) {
 // Recorder is accounting switched on into a file of its own.
 type Recorder struct {
 	path string
-	live map[string]time.Duration
+	live map[int]proc
 	idle time.Duration
+}
+
+// proc is a running process: its name and CPU so far.
+type proc struct {
+	comm string
+	cpu  time.Duration
 }
 
 // Start switches accounting on into a new file in dir and notes the CPU
@@ -81,7 +88,7 @@ func Start(dir string) (*Recorder, error) {
 		return nil, err
 	}
 	f.Close()
-	r := &Recorder{path: f.Name(), live: LiveCPU(), idle: Idle()}
+	r := &Recorder{path: f.Name(), live: running(), idle: Idle()}
 	if err := unix.Acct(r.path); err != nil {
 		os.Remove(r.path)
 		return nil, fmt.Errorf("process accounting (acct) into %s: %w", r.path, err)
@@ -91,19 +98,19 @@ func Start(dir string) (*Recorder, error) {
 
 // Usage is the CPU of a Recorder's span.
 type Usage struct {
-	// ByName is the CPU by process name: of the processes that exited
-	// (their whole life) and the growth of those still running.
+	// ByName is the CPU by process name in the span: of the processes
+	// that exited (less what one running at Start had used by then) and
+	// the growth of those still running.
 	ByName map[string]time.Duration
 	// Idle is how long the host's CPUs were idle.
 	Idle time.Duration
 }
 
-// Stop switches accounting off and returns the span's usage. A process
-// that was running at Start and exited before Stop counts its whole life.
+// Stop switches accounting off and returns the span's usage.
 func (r *Recorder) Stop() (Usage, error) {
 	offErr := acctOff()
 	idle := Idle() - r.idle
-	live := LiveCPU()
+	now := running()
 	data, err := os.ReadFile(r.path)
 	os.Remove(r.path)
 	if err := errors.Join(offErr, err); err != nil {
@@ -115,12 +122,17 @@ func (r *Recorder) Stop() (Usage, error) {
 	}
 	u := Usage{ByName: map[string]time.Duration{}, Idle: idle}
 	for _, rec := range recs {
-		u.ByName[rec.Comm] += rec.CPU()
-	}
-	for name, d := range live {
-		if grew := d - r.live[name]; grew > 0 {
-			u.ByName[name] += grew
+		d := rec.CPU()
+		if before, ok := r.live[int(rec.PID)]; ok && before.comm == rec.Comm {
+			d -= before.cpu // it ran before Start: only its span counts
 		}
+		u.ByName[rec.Comm] += max(d, 0)
+	}
+	for pid, p := range now {
+		if before, ok := r.live[pid]; ok && before.comm == p.comm {
+			p.cpu -= before.cpu
+		}
+		u.ByName[p.comm] += max(p.cpu, 0)
 	}
 	return u, nil
 }
@@ -137,18 +149,21 @@ func acctOff() error {
 // clockTick is USER_HZ, the unit of /proc's times (100 on Linux).
 const clockTick = time.Second / 100
 
-// LiveCPU is the CPU time (user and system, children not included) of the
-// processes running now, summed by name.
-func LiveCPU() map[string]time.Duration {
-	m := map[string]time.Duration{}
-	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
-	for _, p := range stats {
-		b, err := os.ReadFile(p)
+// running is every process running now by pid.
+func running() map[int]proc {
+	m := map[int]proc{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
 		if err != nil {
 			continue // exited meanwhile
 		}
 		if st, ok := ParseStat(string(b)); ok {
-			m[st.Comm] += time.Duration(st.UTime+st.STime) * clockTick
+			m[pid] = proc{st.Comm, time.Duration(st.UTime+st.STime) * clockTick}
 		}
 	}
 	return m

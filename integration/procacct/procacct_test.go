@@ -2,8 +2,10 @@ package procacct
 
 import (
 	"encoding/binary"
+	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -89,6 +91,54 @@ func TestRecorder(t *testing.T) {
 	}
 	if _, err := os.Stat(r.path); !os.IsNotExist(err) {
 		t.Errorf("accounting file %s left behind: %v", r.path, err)
+	}
+}
+
+// TestRecorderCountsOnlyTheSpan: a process that used CPU before Start and
+// exits before Stop counts only what it used in between (its accounting
+// record has its whole life). Needs root; skipped otherwise.
+func TestRecorderCountsOnlyTheSpan(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("acct(2) needs root")
+	}
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A name of its own: other tests' shells may run meanwhile.
+	burn := filepath.Join(t.TempDir(), "zzburn")
+	if b, err := os.ReadFile(sh); err != nil || os.WriteFile(burn, b, 0o755) != nil {
+		t.Fatalf("copy %s: %v", sh, err)
+	}
+	cmd := exec.Command(burn, "-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; sleep 1")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until it has burnt its CPU and sleeps.
+	var before time.Duration
+	for end := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid))
+		if st, ok := ParseStat(string(b)); ok && st.State == "S" && st.UTime+st.STime >= 5 {
+			before = time.Duration(st.UTime+st.STime) * clockTick
+			break
+		}
+		if time.Now().After(end) {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatal("the burner never settled into its sleep")
+		}
+	}
+	r, err := Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	u, err := r.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := u.ByName["zzburn"]; got > before/2 {
+		t.Fatalf("zzburn: %v in the span, but it used %v before Start and then slept", got, before)
 	}
 }
 
