@@ -25,10 +25,10 @@ import (
 // run is also paired with a runc run, in alternating order, and a second
 // table gives those interleaved runs' medians; a third, the test host's CPU
 // per run by process. Read both ratios: the batches run minutes apart on a
-// machine whose load drifts, and a runc run beside template runs costs the
-// test host 20–30% more CPU than in runc's batch (a VM's run leaves the
-// emulated test host slower for a while), which flatters the interleaved
-// ratio. A run whose sandbox VM was lost (its VMM
+// machine whose load drifts, and runc runs beside template runs have cost
+// the test host 22–32% more CPU than runc's batch (the load then, or a VM's
+// run leaving the emulated test host slower for a while), which flatters
+// the interleaved ratio. A run whose sandbox VM was lost (its VMM
 // exited 10 or was killed, or the agent never answered) is taken again,
 // counted and left out of the median (benchloss).
 func BenchmarkCtrRunTrue(b *testing.B) {
