@@ -144,7 +144,7 @@ func Run(ctx context.Context, o Options, p Payload, output io.Writer) (*Result, 
 	if err != nil {
 		return nil, err
 	}
-	res := &Result{ExitCode: -1, CacheKey: art.Key}
+	res := &Result{ExitCode: -1, CacheKey: art.Key, WorkDir: work}
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", qemu, err)

@@ -126,6 +126,7 @@ type Result struct {
 	Boot     time.Duration // test host uptime when the payload started (from the init log)
 	Wall     time.Duration // QEMU start to exit
 	CacheKey string        // the artifacts' key
+	WorkDir  string        // the run's temporary directory (removed before Run returns)
 }
 
 // ConsoleTail returns the last n lines of the console.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -149,15 +150,17 @@ func TestRunKernelPanicIsReported(t *testing.T) {
 
 func TestNoLeftovers(t *testing.T) {
 	needQEMU(t)
-	before, _ := filepath.Glob(filepath.Join(os.TempDir(), "cube-testhost-*"))
 	p := script(t, "exit 0\n")
 	res, err := Run(context.Background(), Options{Timeout: 5 * time.Minute}, Payload{Binary: p}, nil)
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("run: %v %+v", err, res)
 	}
-	after, _ := filepath.Glob(filepath.Join(os.TempDir(), "cube-testhost-*"))
-	if len(after) > len(before) {
-		t.Fatalf("temp dirs left behind: before %v after %v", before, after)
+	// Its own directory: other packages' test hosts make theirs meanwhile.
+	if !strings.HasPrefix(filepath.Base(res.WorkDir), "cube-testhost-") {
+		t.Fatalf("work dir %q is not the run's cube-testhost-* directory", res.WorkDir)
+	}
+	if _, err := os.Stat(res.WorkDir); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("temp dir %s left behind (stat: %v)", res.WorkDir, err)
 	}
 	// A second run with the same inputs reuses the cached artifacts.
 	res2, err := Run(context.Background(), Options{Timeout: 5 * time.Minute}, Payload{Binary: p}, nil)
