@@ -88,7 +88,8 @@ func Start(dir string) (*Recorder, error) {
 		return nil, err
 	}
 	f.Close()
-	r := &Recorder{path: f.Name(), live: running(), idle: Idle()}
+	_, idle := HostCPU()
+	r := &Recorder{path: f.Name(), live: running(), idle: idle}
 	if err := unix.Acct(r.path); err != nil {
 		os.Remove(r.path)
 		return nil, fmt.Errorf("process accounting (acct) into %s: %w", r.path, err)
@@ -109,7 +110,8 @@ type Usage struct {
 // Stop switches accounting off and returns the span's usage.
 func (r *Recorder) Stop() (Usage, error) {
 	offErr := acctOff()
-	idle := Idle() - r.idle
+	_, idle := HostCPU()
+	idle -= r.idle
 	now := running()
 	data, err := os.ReadFile(r.path)
 	os.Remove(r.path)
@@ -205,22 +207,26 @@ func ParseStat(line string) (Stat, bool) {
 	return st, true
 }
 
-// Idle is the host's idle and iowait time so far, from /proc/stat.
-func Idle() time.Duration {
+// HostCPU is the host's CPU time so far, from /proc/stat's first line:
+// busy (user, nice, system, irq, softirq, steal: a guest's time is in user
+// already) and idle (idle, iowait). Zero when it cannot be read.
+func HostCPU() (busy, idle time.Duration) {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
-		return 0
+		return 0, 0
 	}
 	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line) // cpu user nice system idle iowait …
-	var n int64
-	for _, k := range []int{4, 5} {
-		if k < len(f) {
-			var v int64
-			if _, err := fmt.Sscan(f[k], &v); err == nil {
-				n += v
-			}
+	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal guest guest_nice
+	for k := 1; k < len(f) && k <= 8; k++ {
+		var v int64
+		if _, err := fmt.Sscan(f[k], &v); err != nil {
+			continue
+		}
+		if k == 4 || k == 5 {
+			idle += time.Duration(v) * clockTick
+		} else {
+			busy += time.Duration(v) * clockTick
 		}
 	}
-	return time.Duration(n) * clockTick
+	return busy, idle
 }

@@ -167,3 +167,21 @@ func FuzzParseStat(f *testing.F) {
 		}
 	})
 }
+
+// HostCPU reads this host's /proc/stat: something has run, and time moves on.
+func TestHostCPU(t *testing.T) {
+	busy, idle := HostCPU()
+	if busy <= 0 || idle < 0 {
+		t.Fatalf("HostCPU: busy %v, idle %v", busy, idle)
+	}
+	for end := time.Now().Add(10 * time.Second); ; {
+		b2, i2 := HostCPU()
+		if b2+i2 > busy+idle {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("HostCPU did not move in 10 s: %v %v", b2, i2)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -91,10 +92,7 @@ func (c *runCPU) table(variants []string) string {
 		names = append(names, n)
 	}
 	slices.SortFunc(names, func(a, b string) int {
-		if d := mean(vs[0], b) - mean(vs[0], a); d != 0 {
-			return int(d)
-		}
-		return strings.Compare(a, b)
+		return cmp.Or(cmp.Compare(mean(vs[0], b), mean(vs[0], a)), strings.Compare(a, b))
 	})
 	var t strings.Builder
 	fmt.Fprintf(&t, "\ntest host CPU per run by process (ms, mean; process accounting for the processes that exited, /proc for those running):\n\n")

@@ -14,6 +14,7 @@ import (
 	"github.com/cube-runtime/cube/integration/benchloss"
 	"github.com/cube-runtime/cube/integration/cubetest"
 	"github.com/cube-runtime/cube/integration/kvmstats"
+	"github.com/cube-runtime/cube/integration/procacct"
 )
 
 // BenchmarkFirstTouch: what a sandbox restored from a template pays for
@@ -322,17 +323,8 @@ func cpuTicks() map[string]int64 {
 			m["vcpus waited for a CPU"] += wait
 		}
 	}
-	if b, err := os.ReadFile("/proc/stat"); err == nil {
-		line, _, _ := strings.Cut(string(b), "\n")
-		f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal …
-		for k, v := range f[1:] {
-			if k == 3 || k == 4 || k > 7 {
-				continue // idle, iowait; guest time is in user already
-			}
-			n, _ := strconv.ParseInt(v, 10, 64)
-			m["busy"] += n
-		}
-	}
+	busy, _ := procacct.HostCPU()
+	m["busy"] = int64(busy / (10 * time.Millisecond)) // clock ticks
 	return m
 }
 
